@@ -1,0 +1,6 @@
+"""Built-in executable environments, one module per domain."""
+
+from envs.base import Domain, Environment, ToolError, ToolSpec, diff_states, tool
+from envs.registry import DOMAINS, get_domain
+
+__all__ = ["DOMAINS", "Domain", "Environment", "ToolError", "ToolSpec", "diff_states", "get_domain", "tool"]

@@ -1,0 +1,374 @@
+"""Executable, database-backed tool environments.
+
+A domain is one class: its tables (SQL with primary and foreign keys), a seeded generator that fills them
+parents-first so that no row is orphaned, and its tools as methods decorated with :func:`tool`. A tool's
+JSON schema is derived from its signature and Google-style docstring, so the code is the one source of
+truth. :class:`Environment` wires a domain to an in-memory SQLite database and adds what the pipeline
+needs around it: argument validation, errors as tool messages, snapshot/restore, a canonical state hash
+and state diffs.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import inspect
+import json
+import random
+import re
+import sqlite3
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+
+import jsonschema
+
+from schemas import Tool
+
+
+class ToolError(Exception):
+    """A failure the agent caused and can recover from ("Order not found"); becomes a tool message."""
+
+
+_TOOL_ATTR = "__synthloop_tool__"
+
+
+def tool(*, mutates: bool, phrase: str, answer: str | None = None) -> Callable[[Callable], Callable]:
+    """Mark a domain method as a tool.
+
+    Args:
+        mutates: Whether the tool changes the database.
+        phrase: Template of the request this call fulfils, e.g. ``"cancel {order_id}"``; each placeholder is a
+            parameter and is rendered by the task generator (a value, "my order", or a step reference).
+        answer: For read tools, which result field a user would ask about (``"balance"``, or ``"#"`` for
+            "how many" on list results); the task generator asks for it when the call is a sink of the plan.
+    """
+
+    def mark(fn: Callable) -> Callable:
+        setattr(fn, _TOOL_ATTR, {"mutates": mutates, "phrase": phrase, "answer": answer})
+        return fn
+
+    return mark
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool bound to its domain: the normalised record plus what generators need to phrase and execute it."""
+
+    record: Tool
+    method: str
+    phrase: str
+    answer: str | None
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def mutates(self) -> bool:
+        return bool(self.record.mutates)
+
+
+# --- JSON schema from signature + docstring ---------------------------------------------------------------
+
+_PRIMITIVES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+
+def type_schema(tp: Any) -> dict[str, Any]:
+    """JSON schema of a Python type annotation (primitives, Literal, Optional, list, dict, TypedDict)."""
+    origin = get_origin(tp)
+    if tp in _PRIMITIVES:
+        return {"type": _PRIMITIVES[tp]}
+    if origin is Literal:
+        values = list(get_args(tp))
+        return {"type": _PRIMITIVES[type(values[0])], "enum": values}
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"unsupported union {tp!r}")
+        schema = type_schema(inner[0])
+        if type(None) in get_args(tp):
+            schema = {**schema, "type": [schema["type"], "null"]} if "type" in schema else schema
+        return schema
+    if origin is list or tp is list:
+        args = get_args(tp)
+        return {"type": "array", "items": type_schema(args[0])} if args else {"type": "array"}
+    if origin is dict or tp is dict:
+        return {"type": "object"}
+    if typing.is_typeddict(tp):
+        hints = get_type_hints(tp)
+        return {
+            "type": "object",
+            "properties": {k: type_schema(v) for k, v in hints.items()},
+            "required": sorted(tp.__required_keys__),
+        }
+    raise TypeError(f"unsupported annotation {tp!r}")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Summary and per-argument descriptions of a Google-style docstring."""
+    lines = inspect.cleandoc(doc or "").splitlines()
+    summary, args, section, current = [], {}, None, None
+    for line in lines:
+        stripped = line.strip()
+        if re.fullmatch(r"(Args|Arguments|Returns|Raises|Yields|Examples?):", stripped):
+            section, current = stripped[:-1], None
+            continue
+        if section is None:
+            if stripped:
+                summary.append(stripped)
+        elif section in ("Args", "Arguments") and stripped:
+            m = re.match(r"^(\w+)(?:\s*\([^)]*\))?:\s*(.*)$", stripped)
+            if m and line.startswith(" " * 4) and not line.startswith(" " * 8):
+                current = m.group(1)
+                args[current] = m.group(2)
+            elif current:
+                args[current] += " " + stripped
+    return " ".join(summary), args
+
+
+def tool_record(fn: Callable, domain: str, owner: str) -> ToolSpec:
+    """Build the normalised Tool record of a decorated method from its signature and docstring."""
+    meta = getattr(fn, _TOOL_ATTR)
+    hints = get_type_hints(fn)
+    summary, arg_docs = _parse_docstring(fn.__doc__ or "")
+    if not summary:
+        raise TypeError(f"tool {domain}.{fn.__name__} has no docstring summary")
+    properties, required = {}, []
+    for name, param in inspect.signature(fn).parameters.items():
+        if name == "self":
+            continue
+        if name not in hints:
+            raise TypeError(f"tool {domain}.{fn.__name__}: parameter {name!r} has no type annotation")
+        if name not in arg_docs:
+            raise TypeError(f"tool {domain}.{fn.__name__}: parameter {name!r} is not documented under Args:")
+        prop = {**type_schema(hints[name]), "description": arg_docs[name]}
+        if param.default is inspect.Parameter.empty:
+            required.append(name)
+        else:
+            prop["default"] = param.default
+        properties[name] = prop
+    parameters = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    returns = type_schema(hints["return"]) if hints.get("return") not in (None, type(None)) else None
+    record = Tool(
+        name=fn.__name__,
+        description=summary,
+        parameters=parameters,
+        domain=domain,
+        returns=returns,
+        source=f"env:{domain}",
+        implementation=f"{fn.__module__}:{owner}.{fn.__name__}",
+        mutates=meta["mutates"],
+    )
+    return ToolSpec(record=record, method=fn.__name__, phrase=meta["phrase"], answer=meta["answer"])
+
+
+# --- domains and environments ------------------------------------------------------------------------------
+
+
+class Domain(abc.ABC):
+    """Base class of a domain: subclass it, declare tables, a generator and ``@tool`` methods.
+
+    Tool methods read and write ``self.db`` and raise :class:`ToolError` with a short message on misuse.
+    ``arg_sources`` maps a parameter name to SQL that lists the values it can take in the current state,
+    which is how task generators and negative controls pick real, existing arguments.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    schema_sql: ClassVar[str]
+    arg_sources: ClassVar[dict[str, str]] = {}
+    # A fixed clock keeps execution deterministic: the same calls on the same state give the same state.
+    today: ClassVar[str] = "2026-01-15"
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    @classmethod
+    @abc.abstractmethod
+    def populate(cls, db: sqlite3.Connection, rng: random.Random) -> None:
+        """Fill the tables from ``rng``, parents before children, so that every foreign key resolves."""
+
+    @classmethod
+    def tools(cls) -> dict[str, ToolSpec]:
+        cached = cls.__dict__.get("_tool_specs")
+        if cached is None:
+            cached = {
+                name: tool_record(fn, cls.name, cls.__name__)
+                for name, fn in inspect.getmembers(cls, inspect.isfunction)
+                if hasattr(fn, _TOOL_ATTR)
+            }
+            cls._tool_specs = cached
+        return cached
+
+    # helpers for tool implementations
+    def one(self, sql: str, *params: Any, missing: str) -> dict[str, Any]:
+        row = self.db.execute(sql, params).fetchone()
+        if row is None:
+            raise ToolError(missing)
+        return dict(row)
+
+    def all(self, sql: str, *params: Any) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.execute(sql, params).fetchall()]
+
+    def next_id(self, table: str, column: str, prefix: str) -> str:
+        """Deterministic new key: the same writes on the same state produce the same ids."""
+        n = self.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        while True:
+            n += 1
+            key = f"{prefix}{n:04d}"
+            if self.db.execute(f"SELECT 1 FROM {table} WHERE {column} = ?", (key,)).fetchone() is None:
+                return key
+
+
+def _connect(data: bytes | None = None) -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    if data is not None:
+        db.deserialize(data)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA foreign_keys = ON")
+    return db
+
+
+class Environment:
+    """A stateful, executable instance of a domain.
+
+    Args:
+        domain: The domain class.
+        seed: Seed of the data generator; the same seed gives the same initial state (and state hash).
+    """
+
+    def __init__(self, domain: type[Domain], seed: int, *, _initial: bytes | None = None):
+        self.domain_cls = domain
+        self.seed = seed
+        if _initial is None:
+            db = _connect()
+            db.executescript(domain.schema_sql)
+            db.execute("BEGIN")
+            domain.populate(db, random.Random(seed))
+            db.execute("COMMIT")
+            problems = db.execute("PRAGMA foreign_key_check").fetchall()
+            if problems:
+                raise RuntimeError(f"{domain.name} generator made orphan rows: {[tuple(p) for p in problems][:5]}")
+            _initial = db.serialize()
+            db.close()
+        self.initial = _initial
+        self.db = _connect(_initial)
+        self.impl = domain(self.db)
+        self.specs = domain.tools()
+        self._validators = {
+            n: jsonschema.Draft202012Validator(s.record.parameters) for n, s in self.specs.items()
+        }
+        self._pks = {t: self._primary_key(t) for t in self.tables()}
+
+    def fork(self) -> Environment:
+        """A fresh environment in this environment's *initial* state (cheap: no regeneration)."""
+        return Environment(self.domain_cls, self.seed, _initial=self.initial)
+
+    # state ---------------------------------------------------------------------------------------------
+    def tables(self) -> list[str]:
+        rows = self.db.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name").fetchall()
+        return [r[0] for r in rows if not r[0].startswith("sqlite_")]
+
+    def _primary_key(self, table: str) -> list[str]:
+        cols = self.db.execute(f"PRAGMA table_info({table})").fetchall()
+        return [c["name"] for c in sorted(cols, key=lambda c: c["pk"]) if c["pk"]]
+
+    def snapshot(self) -> bytes:
+        return self.db.serialize()
+
+    def restore(self, data: bytes) -> None:
+        self.db.close()
+        self.db = _connect(data)
+        self.impl = self.domain_cls(self.db)
+
+    def rows(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The whole state: table → primary-key string → row."""
+        state = {}
+        for table in self.tables():
+            pk = self._pks[table]
+            state[table] = {
+                "|".join(str(r[k]) for k in pk): dict(r) for r in self.db.execute(f"SELECT * FROM {table}")
+            }
+        return state
+
+    def state_hash(self) -> str:
+        """Canonical hash of the state: independent of row order and of how the state was reached."""
+        blob = json.dumps(self.rows(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def row_counts(self) -> dict[str, int]:
+        return {t: self.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in self.tables()}
+
+    # execution -----------------------------------------------------------------------------------------
+    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
+        """Run one tool call. Returns ``(result, None)`` or ``(None, error message)``; never raises for bad calls.
+
+        A failed call leaves the state unchanged (each call runs in its own transaction).
+        """
+        spec = self.specs.get(name)
+        if spec is None:
+            return None, f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
+        if not isinstance(arguments, dict):
+            return None, f"Arguments of '{name}' must be a JSON object."
+        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+            return None, f"Invalid arguments for '{name}': {where}: {error.message}"
+        self.db.execute("SAVEPOINT call")
+        try:
+            result = getattr(self.impl, spec.method)(**arguments)
+        except ToolError as exc:
+            self.db.execute("ROLLBACK TO call")
+            self.db.execute("RELEASE call")
+            return None, str(exc)
+        except sqlite3.IntegrityError as exc:
+            self.db.execute("ROLLBACK TO call")
+            self.db.execute("RELEASE call")
+            return None, f"Rejected by the database: {exc}"
+        self.db.execute("RELEASE call")
+        return result, None
+
+    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
+        """State diff from ``before`` to ``after`` (default: the current state)."""
+        return diff_states(before, self.rows() if after is None else after, self._pks)
+
+    def candidates(self, param: str) -> list[Any]:
+        """Values a parameter can take in the current state (from the domain's ``arg_sources``)."""
+        sql = self.domain_cls.arg_sources.get(param)
+        return [r[0] for r in self.db.execute(sql)] if sql else []
+
+
+def diff_states(
+    before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]], keys: dict[str, list[str]]
+) -> dict[str, Any]:
+    """What changed between two states, per table: inserted rows, deleted keys and updated columns.
+
+    Generated keys of inserted rows (single-column primary keys) are replaced by ``<new TABLE>`` wherever
+    they appear, so that independent inserts done in another order still compare equal.
+    """
+    inserted_keys = {t: after.get(t, {}).keys() - before.get(t, {}).keys() for t in set(before) | set(after)}
+    placeholder = {
+        after[t][k][keys[t][0]]: f"<new {t}>" for t, ks in inserted_keys.items() if len(keys.get(t, ())) == 1 for k in ks
+    }
+
+    def mask(value: Any) -> Any:
+        return placeholder.get(value, value) if isinstance(value, str) else value
+
+    diff: dict[str, Any] = {}
+    for table in sorted(inserted_keys):
+        b, a = before.get(table, {}), after.get(table, {})
+        inserted = sorted(
+            json.dumps({c: mask(v) for c, v in a[k].items()}, sort_keys=True, default=str)
+            for k in inserted_keys[table]
+        )
+        deleted = sorted(b.keys() - a.keys())
+        updated = {}
+        for key in sorted(a.keys() & b.keys()):
+            if a[key] != b[key]:
+                updated[key] = {c: [b[key][c], mask(a[key][c])] for c in a[key] if a[key][c] != b[key].get(c)}
+        if inserted or deleted or updated:
+            diff[table] = {"inserted": inserted, "deleted": deleted, "updated": updated}
+    return diff

@@ -1,0 +1,34 @@
+"""Data model of synthloop: typed records, their JSON Schemas and their Arrow schemas. Imports nothing of ours."""
+
+from schemas.records import (
+    SCHEMA_VERSION,
+    CheckResult,
+    EnvironmentRecord,
+    Lineage,
+    Message,
+    PlanStep,
+    Signature,
+    Task,
+    Tool,
+    ToolEdge,
+    Trajectory,
+    Verdict,
+)
+from schemas.tables import TABLES, Table
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "TABLES",
+    "CheckResult",
+    "EnvironmentRecord",
+    "Lineage",
+    "Message",
+    "PlanStep",
+    "Signature",
+    "Table",
+    "Task",
+    "Tool",
+    "ToolEdge",
+    "Trajectory",
+    "Verdict",
+]

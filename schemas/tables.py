@@ -1,0 +1,381 @@
+"""On-disk tables: a JSON Schema and an explicit Arrow schema for each, and the conversion between them.
+
+A row is validated against its JSON Schema (the logical record, with nested objects) before it is
+converted; fields listed in ``Table.json_fields`` vary in shape between domains and are stored as JSON
+text, so DuckDB reads them with ``json_extract`` / ``->>``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import jsonschema
+import pyarrow as pa
+
+from schemas.records import SCHEMA_VERSION
+
+_STR = {"type": "string"}
+_NSTR = {"type": ["string", "null"]}
+_INT = {"type": "integer"}
+_BOOL = {"type": "boolean"}
+_NUM = {"type": "number"}
+_OBJ = {"type": "object"}
+_STRS = {"type": "array", "items": _STR}
+
+
+def _obj(props: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": props,
+        "required": [k for k in props if k not in optional],
+        "additionalProperties": False,
+    }
+
+
+_TOOL_CALL = _obj(
+    {
+        "id": _STR,
+        "type": {"const": "function"},
+        "function": _obj({"name": _STR, "arguments": _STR}),
+    }
+)
+_MESSAGE = _obj(
+    {
+        "role": {"enum": ["system", "user", "assistant", "tool"]},
+        "content": _NSTR,
+        "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL},
+        "tool_call_id": _NSTR,
+        "name": _NSTR,
+    },
+    optional=("tool_calls", "tool_call_id", "name"),
+)
+_PLAN_STEP = _obj({"id": _STR, "tool": _STR, "args": _OBJ, "private": _STRS, "request": _INT})
+_CHECK = _obj({"name": _STR, "passed": _BOOL, "score": _NUM, "detail": _STR})
+
+_ARROW_TOOL_CALL = pa.struct(
+    [
+        ("id", pa.string()),
+        ("type", pa.string()),
+        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+    ]
+)
+ARROW_MESSAGE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("tool_calls", pa.list_(_ARROW_TOOL_CALL)),
+        ("tool_call_id", pa.string()),
+        ("name", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    json_schema: dict[str, Any]
+    arrow_schema: pa.Schema
+    json_fields: tuple[str, ...] = ()
+    version: int = SCHEMA_VERSION
+
+    @cached_property
+    def validator(self) -> jsonschema.Draft202012Validator:
+        return jsonschema.Draft202012Validator(self.json_schema)
+
+    def validate(self, row: dict[str, Any]) -> None:
+        """Raise ``ValueError`` naming the table, the field and the problem if ``row`` does not conform."""
+        error = jsonschema.exceptions.best_match(self.validator.iter_errors(row))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(record)"
+            key = row.get("task_id") or row.get("trajectory_id") or row.get("name") or "?"
+            raise ValueError(f"{self.name} record {key!r}: field {where}: {error.message}")
+
+    def to_arrow(self, rows: list[dict[str, Any]], *, validate: bool = True) -> pa.Table:
+        """Validate rows and build an Arrow table with this table's exact schema."""
+        encoded = []
+        for row in rows:
+            if validate:
+                self.validate(row)
+            row = dict(row)
+            for key in self.json_fields:
+                row[key] = json.dumps(row[key], sort_keys=True, default=str)
+            encoded.append(row)
+        table = pa.Table.from_pylist(encoded, schema=self.arrow_schema)
+        return table.replace_schema_metadata({b"synthloop.table": self.name.encode(), b"synthloop.version": str(self.version).encode()})
+
+    def from_arrow(self, table: pa.Table) -> list[dict[str, Any]]:
+        rows = table.to_pylist()
+        for row in rows:
+            for key in self.json_fields:
+                if key in row and isinstance(row[key], str):
+                    row[key] = json.loads(row[key])
+        return rows
+
+
+def _schema(fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
+    return pa.schema([*fields, ("schema_version", pa.int32())])
+
+
+TOOLS = Table(
+    "tools",
+    _obj(
+        {
+            "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$"},
+            "description": _STR,
+            "parameters": _obj({"type": {"const": "object"}}) | {"additionalProperties": True},
+            "domain": _STR,
+            "returns": {"type": ["object", "null"]},
+            "source": _STR,
+            "implementation": _NSTR,
+            "mutates": {"type": ["boolean", "null"]},
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("name", pa.string()),
+            ("description", pa.string()),
+            ("parameters", pa.string()),
+            ("domain", pa.string()),
+            ("returns", pa.string()),
+            ("source", pa.string()),
+            ("implementation", pa.string()),
+            ("mutates", pa.bool_()),
+        ]
+    ),
+    json_fields=("parameters", "returns"),
+)
+
+TOOL_EDGES = Table(
+    "tool_edges",
+    _obj(
+        {
+            "domain": _STR,
+            "src": _STR,
+            "dst": _STR,
+            "src_field": _STR,
+            "dst_param": _STR,
+            "kind": {"enum": ["name", "entity"]},
+            "score": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("domain", pa.string()),
+            ("src", pa.string()),
+            ("dst", pa.string()),
+            ("src_field", pa.string()),
+            ("dst_param", pa.string()),
+            ("kind", pa.string()),
+            ("score", pa.float64()),
+        ]
+    ),
+)
+
+ENVIRONMENTS = Table(
+    "environments",
+    _obj(
+        {
+            "domain": _STR,
+            "seed": _INT,
+            "state_hash": _STR,
+            "row_counts": {"type": "object", "additionalProperties": _INT},
+            "tools": _STRS,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("domain", pa.string()),
+            ("seed", pa.int64()),
+            ("state_hash", pa.string()),
+            ("row_counts", pa.map_(pa.string(), pa.int64())),
+            ("tools", pa.list_(pa.string())),
+        ]
+    ),
+)
+
+TASKS = Table(
+    "tasks",
+    _obj(
+        {
+            "task_id": _STR,
+            "run_id": _STR,
+            "batch": _INT,
+            "domain": _STR,
+            "env_seed": _INT,
+            "goal": _STR,
+            "requests": {"type": "array", "items": _STR, "minItems": 1},
+            "private_info": _OBJ,
+            "constraints": {"type": "array", "items": _obj({"kind": _STR}) | {"additionalProperties": True}},
+            "reference_plan": {"type": "array", "items": _PLAN_STEP, "minItems": 1},
+            "expected_diff": _OBJ,
+            "expected_answer": {"type": "array"},
+            "signature": _obj(
+                {
+                    "topology": {"enum": ["single", "chain", "fork", "merge", "dag", "parallel"]},
+                    "depth": {"type": "integer", "minimum": 1},
+                    "width": {"type": "integer", "minimum": 1},
+                    "n_calls": {"type": "integer", "minimum": 1},
+                    "tools": _STRS,
+                }
+            ),
+            "lineage": _obj(
+                {"generator": _STR, "sampler_seed": _INT, "parent_id": _NSTR, "round": _INT}
+            ),
+            "initial_state_hash": _STR,
+            "final_state_hash": _STR,
+            "verifier": _obj({"version": _INT, "checks": {"type": "array", "items": _OBJ}}),
+            "accepted": _BOOL,
+            "reject_reason": _NSTR,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("task_id", pa.string()),
+            ("run_id", pa.string()),
+            ("batch", pa.int32()),
+            ("domain", pa.string()),
+            ("env_seed", pa.int64()),
+            ("goal", pa.string()),
+            ("requests", pa.list_(pa.string())),
+            ("private_info", pa.string()),
+            ("constraints", pa.string()),
+            ("reference_plan", pa.string()),
+            ("expected_diff", pa.string()),
+            ("expected_answer", pa.string()),
+            (
+                "signature",
+                pa.struct(
+                    [
+                        ("topology", pa.string()),
+                        ("depth", pa.int32()),
+                        ("width", pa.int32()),
+                        ("n_calls", pa.int32()),
+                        ("tools", pa.list_(pa.string())),
+                    ]
+                ),
+            ),
+            (
+                "lineage",
+                pa.struct(
+                    [
+                        ("generator", pa.string()),
+                        ("sampler_seed", pa.int64()),
+                        ("parent_id", pa.string()),
+                        ("round", pa.int32()),
+                    ]
+                ),
+            ),
+            ("initial_state_hash", pa.string()),
+            ("final_state_hash", pa.string()),
+            ("verifier", pa.string()),
+            ("accepted", pa.bool_()),
+            ("reject_reason", pa.string()),
+        ]
+    ),
+    json_fields=("private_info", "constraints", "reference_plan", "expected_diff", "expected_answer", "verifier"),
+)
+
+TRAJECTORIES = Table(
+    "trajectories",
+    _obj(
+        {
+            "trajectory_id": _STR,
+            "task_id": _STR,
+            "run_id": _STR,
+            "batch": _INT,
+            "role": _STR,
+            "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
+            "tools": _STRS,
+            "metadata": _obj(
+                {
+                    "user_agent": _STR,
+                    "assistant_agent": _STR,
+                    "user_model": _NSTR,
+                    "assistant_model": _NSTR,
+                    "n_turns": _INT,
+                    "n_tool_calls": _INT,
+                    "duration_s": _NUM,
+                }
+            ),
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("trajectory_id", pa.string()),
+            ("task_id", pa.string()),
+            ("run_id", pa.string()),
+            ("batch", pa.int32()),
+            ("role", pa.string()),
+            ("messages", pa.list_(ARROW_MESSAGE)),
+            ("tools", pa.list_(pa.string())),
+            (
+                "metadata",
+                pa.struct(
+                    [
+                        ("user_agent", pa.string()),
+                        ("assistant_agent", pa.string()),
+                        ("user_model", pa.string()),
+                        ("assistant_model", pa.string()),
+                        ("n_turns", pa.int32()),
+                        ("n_tool_calls", pa.int32()),
+                        ("duration_s", pa.float64()),
+                    ]
+                ),
+            ),
+        ]
+    ),
+)
+
+VERDICTS = Table(
+    "verdicts",
+    _obj(
+        {
+            "verdict_id": _STR,
+            "trajectory_id": _STR,
+            "task_id": _STR,
+            "run_id": _STR,
+            "batch": _INT,
+            "control": _STR,
+            "expected_pass": _BOOL,
+            "passed": _BOOL,
+            "score": _NUM,
+            "components": {"type": "array", "items": _CHECK},
+            "error": _NSTR,
+            "duration_s": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("verdict_id", pa.string()),
+            ("trajectory_id", pa.string()),
+            ("task_id", pa.string()),
+            ("run_id", pa.string()),
+            ("batch", pa.int32()),
+            ("control", pa.string()),
+            ("expected_pass", pa.bool_()),
+            ("passed", pa.bool_()),
+            ("score", pa.float64()),
+            (
+                "components",
+                pa.list_(
+                    pa.struct(
+                        [("name", pa.string()), ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string())]
+                    )
+                ),
+            ),
+            ("error", pa.string()),
+            ("duration_s", pa.float64()),
+        ]
+    ),
+)
+
+TABLES: dict[str, Table] = {t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS)}
