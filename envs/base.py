@@ -91,6 +91,8 @@ def type_schema(tp: Any) -> dict[str, Any]:
         schema = type_schema(inner[0])
         if type(None) in get_args(tp):
             schema = {**schema, "type": [schema["type"], "null"]} if "type" in schema else schema
+            if "enum" in schema:
+                schema["enum"] = [*schema["enum"], None]
         return schema
     if origin is list or tp is list:
         args = get_args(tp)
@@ -173,7 +175,9 @@ class Domain(abc.ABC):
 
     Tool methods read and write ``self.db`` and raise :class:`ToolError` with a short message on misuse.
     ``arg_sources`` maps a parameter name to SQL that lists the values it can take in the current state,
-    which is how task generators and negative controls pick real, existing arguments.
+    which is how task generators and negative controls pick real, existing arguments; ``"tool.param"`` keys
+    narrow that for one tool, and a bare ``"tool"`` key gives SQL whose rows are whole argument sets.
+    Id prefixes must differ between a domain's tables: state diffs recognise generated keys by value.
     """
 
     name: ClassVar[str]
@@ -215,7 +219,11 @@ class Domain(abc.ABC):
 
     def next_id(self, table: str, column: str, prefix: str) -> str:
         """Deterministic new key: the same writes on the same state produce the same ids."""
-        n = self.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        # From the largest existing number, not the row count: a deleted id must never come back.
+        n = self.db.execute(
+            f"SELECT COALESCE(MAX(CAST(substr({column}, ?) AS INTEGER)), 0) FROM {table} WHERE {column} LIKE ?",
+            (len(prefix) + 1, f"{prefix}%"),
+        ).fetchone()[0]
         while True:
             n += 1
             key = f"{prefix}{n:04d}"
@@ -261,6 +269,10 @@ class Environment:
         self._validators = {
             n: jsonschema.Draft202012Validator(s.record.parameters) for n, s in self.specs.items()
         }
+        self._integer_params = {
+            n: {p: ps.get("type") in ("integer", ["integer", "null"]) for p, ps in s.record.parameters["properties"].items()}
+            for n, s in self.specs.items()
+        }
         self._pks = {t: self._primary_key(t) for t in self.tables()}
 
     def fork(self) -> Environment:
@@ -275,6 +287,15 @@ class Environment:
     def _primary_key(self, table: str) -> list[str]:
         cols = self.db.execute(f"PRAGMA table_info({table})").fetchall()
         return [c["name"] for c in sorted(cols, key=lambda c: c["pk"]) if c["pk"]]
+
+    def foreign_keys(self) -> list[tuple[str, str]]:
+        """``(column, referenced column)`` pairs of every foreign key: the entity relations of the domain."""
+        pairs = set()
+        for table in self.tables():
+            for fk in self.db.execute(f"PRAGMA foreign_key_list({table})").fetchall():
+                ref = fk["to"] or self._pks[fk["table"]][0]
+                pairs.add((fk["from"], ref))
+        return sorted(pairs)
 
     def snapshot(self) -> bytes:
         return self.db.serialize()
@@ -303,6 +324,18 @@ class Environment:
         return {t: self.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in self.tables()}
 
     # execution -----------------------------------------------------------------------------------------
+    def check_arguments(self, name: str, arguments: Any) -> str | None:
+        """Why a call's arguments are invalid for the tool's schema, or None if they are valid."""
+        if name not in self.specs:
+            return f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
+        if not isinstance(arguments, dict):
+            return f"Arguments of '{name}' must be a JSON object."
+        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
+        if error is not None:
+            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+            return f"Invalid arguments for '{name}': {where}: {error.message}"
+        return None
+
     def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
         """Run one tool call. Returns ``(result, None)`` or ``(None, error message)``; never raises for bad calls.
 
@@ -311,12 +344,13 @@ class Environment:
         spec = self.specs.get(name)
         if spec is None:
             return None, f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
-        if not isinstance(arguments, dict):
-            return None, f"Arguments of '{name}' must be a JSON object."
-        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-            return None, f"Invalid arguments for '{name}': {where}: {error.message}"
+        problem = self.check_arguments(name, arguments)
+        if problem is not None:
+            return None, problem
+        # JSON Schema counts 5.0 as an integer; the tool (and the stored state) must see 5.
+        arguments = {
+            k: int(v) if isinstance(v, float) and self._integer_params[name].get(k) else v for k, v in arguments.items()
+        }
         self.db.execute("SAVEPOINT call")
         try:
             result = getattr(self.impl, spec.method)(**arguments)
@@ -328,16 +362,33 @@ class Environment:
             self.db.execute("ROLLBACK TO call")
             self.db.execute("RELEASE call")
             return None, f"Rejected by the database: {exc}"
+        except Exception as exc:  # a bug in a tool must not leave half a write behind, nor stop a run
+            self.db.execute("ROLLBACK TO call")
+            self.db.execute("RELEASE call")
+            return None, f"Internal error in tool '{name}': {type(exc).__name__}: {exc}"
         self.db.execute("RELEASE call")
         return result, None
+
+    def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
+        """Argument combinations known to fit together (``arg_sources[tool]``: SQL whose columns are parameters).
+
+        Per-parameter sources cannot say "a product *of this order*"; a row source can.
+        """
+        sql = self.domain_cls.arg_sources.get(tool)
+        return [dict(r) for r in self.db.execute(sql)] if sql else []
 
     def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
         """State diff from ``before`` to ``after`` (default: the current state)."""
         return diff_states(before, self.rows() if after is None else after, self._pks)
 
-    def candidates(self, param: str) -> list[Any]:
-        """Values a parameter can take in the current state (from the domain's ``arg_sources``)."""
-        sql = self.domain_cls.arg_sources.get(param)
+    def candidates(self, param: str, tool: str | None = None) -> list[Any]:
+        """Values a parameter can take in the current state, from the domain's ``arg_sources``.
+
+        A tool-specific source (``"cancel_order.order_id"``) wins over the generic one (``"order_id"``), which
+        is how a domain says "only pending orders can be cancelled" to the task generator.
+        """
+        sources = self.domain_cls.arg_sources
+        sql = sources.get(f"{tool}.{param}") or sources.get(param)
         return [r[0] for r in self.db.execute(sql)] if sql else []
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from envs.banking import Banking
 from envs.base import Domain
+from envs.calendar import Calendar
+from envs.files import Files
 from envs.retail import Retail
 
-DOMAINS: dict[str, type[Domain]] = {d.name: d for d in (Retail,)}
+DOMAINS: dict[str, type[Domain]] = {d.name: d for d in (Retail, Calendar, Banking, Files)}
 
 
 def get_domain(name: str) -> type[Domain]:

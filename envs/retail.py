@@ -93,6 +93,11 @@ class Retail(Domain):
         "cancel_order.order_id": "SELECT order_id FROM orders WHERE status IN ('pending', 'processing')",
         "return_item.order_id": "SELECT order_id FROM orders WHERE status = 'delivered'",
         "place_order.product_id": "SELECT product_id FROM products WHERE stock >= 3",
+        "return_item": (
+            "SELECT i.order_id, i.product_id FROM order_items i JOIN orders o USING (order_id) "
+            "WHERE o.status = 'delivered' AND NOT EXISTS "
+            "(SELECT 1 FROM returns r WHERE r.order_id = i.order_id AND r.product_id = i.product_id)"
+        ),
     }
 
     @classmethod

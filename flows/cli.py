@@ -1,0 +1,141 @@
+"""The ``synthloop`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from flows.server import apply_offline_env, prefect_api
+
+DEFAULT_CORPUS = "data/corpus"
+
+
+def _load_config(args: argparse.Namespace):
+    from generators.config import SynthesizeConfig
+
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    for key in ("n_tasks", "batch_size", "seed", "run_name"):
+        value = getattr(args, key, None)
+        if value is not None:
+            data[key] = value
+    if args.domains:
+        data["domains"] = args.domains.split(",")
+    return SynthesizeConfig(**data)
+
+
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    config = _load_config(args)
+    with prefect_api(args.port):
+        from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
+
+        summary = synthesize(config=config, corpus_root=args.corpus)
+    cov = summary["coverage"]
+    print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
+                     | {"coverage": cov}, indent=2))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    from storage import Corpus
+
+    con = Corpus(args.corpus).connect()
+    try:
+        rel = con.sql(args.sql)
+    except Exception as exc:  # DuckDB's message names the table or column at fault
+        print(f"query failed: {exc}", file=sys.stderr)
+        return 2
+    if rel is None:
+        return 0
+    if args.format == "csv":
+        rel.write_csv("/dev/stdout")
+    elif args.format == "json":
+        cols = rel.columns
+        for row in rel.fetchall():
+            print(json.dumps(dict(zip(cols, row)), default=str))
+    else:
+        rel.show(max_rows=args.max_rows, max_width=200)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from storage import Corpus, export_trl
+
+    n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+    print(f"wrote {n} conversations to {args.out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    with prefect_api(args.port) as api_url:
+        from flows.serve import serve_deployments
+
+        print(f"Serving deployments against {api_url}; open the UI at {api_url.removesuffix('/api')}", flush=True)
+        serve_deployments(cron=args.cron, corpus_root=args.corpus, config=_load_config(args))
+    return 0
+
+
+def cmd_schemas(args: argparse.Namespace) -> int:
+    from schemas import TABLES
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, table in TABLES.items():
+        (out / f"{name}.schema.json").write_text(json.dumps(table.json_schema, indent=2))
+        (out / f"{name}.arrow.txt").write_text(table.arrow_schema.to_string())
+    print(f"wrote JSON and Arrow schemas of {len(TABLES)} tables to {out}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    apply_offline_env()
+    parser = argparse.ArgumentParser(prog="synthloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def config_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help="JSON file with SynthesizeConfig fields")
+        p.add_argument("--n-tasks", dest="n_tasks", type=int)
+        p.add_argument("--batch-size", dest="batch_size", type=int)
+        p.add_argument("--seed", type=int)
+        p.add_argument("--run-name", dest="run_name")
+        p.add_argument("--domains", help="comma-separated, e.g. retail,banking")
+
+    p = sub.add_parser("synthesize", help="run the synthesize flow (resumes a run with the same config)")
+    config_args(p)
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    p.set_defaults(fn=cmd_synthesize)
+
+    p = sub.add_parser("query", help="run SQL over the corpus (views: tasks, trajectories, verdicts, ...)")
+    p.add_argument("sql")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    p.add_argument("--max-rows", dest="max_rows", type=int, default=50)
+    p.set_defaults(fn=cmd_query)
+
+    p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools)")
+    p.add_argument("format", choices=["trl"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--run-id", dest="run_id")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("serve", help="start a local Prefect server if needed and serve every flow as a deployment")
+    config_args(p)
+    p.add_argument("--cron", help="optional schedule, e.g. '0 3 * * *'")
+    p.add_argument("--port", type=int, default=4200)
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")
+    p.add_argument("--out", default="data/schemas")
+    p.set_defaults(fn=cmd_schemas)
+
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""Deployments of every flow, served from this process.
+
+``synthloop serve`` finds or starts a Prefect server (``flows.server``), registers each flow as a deployment
+(optionally on a cron schedule) and serves them: runs triggered from the UI or the API execute here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.synthesize import synthesize
+from generators.config import SynthesizeConfig
+
+FLOWS = {"synthesize": synthesize}
+
+
+def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpus",
+                      config: SynthesizeConfig | None = None) -> None:
+    """Register every flow as a deployment and serve them until interrupted (needs PREFECT_API_URL)."""
+    from prefect import serve
+
+    config = config or SynthesizeConfig()
+    deployments = [
+        synthesize.to_deployment(
+            name="default",
+            cron=cron,
+            parameters={"config": config.model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
+            description="Synthesise a verified tool-use corpus on the built-in environments.",
+            tags=["synthloop"],
+        )
+    ]
+    serve(*deployments, print_starting_message=True)

@@ -1,0 +1,110 @@
+"""The ``synthesize`` flow: tool catalog → tool graph → tasks → trajectories → verified Parquet corpus.
+
+One Prefect task per batch (a few hundred samples), not per sample: the server records tens of task runs
+per second, and a batch is the unit that is resumed, retried and, later, distributed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from flows.pipeline import catalog_rows, domain_graph, run_batch
+from generators.config import SynthesizeConfig
+from generators.graph import Coverage
+from storage import Corpus
+
+STAGE = "synthesize"
+
+
+@task(name="synthesize-batch", task_run_name="batch-{batch}")
+def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str) -> dict[str, Any]:
+    """Produce and store one batch; a batch whose shards are complete is skipped (resume)."""
+    corpus = Corpus(corpus_root)
+    if corpus.batch_done(config.run_id, STAGE, batch):
+        return {"batch": batch, "skipped": True}
+    result = run_batch(config, batch)
+    corpus.write_batch(config.run_id, STAGE, batch, result.tables, result.summary)
+    return {k: v for k, v in result.summary.items() if k != "coverage"}
+
+
+def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
+    """Run totals from the batch markers, so a resumed run reports the whole run, not just what it redid."""
+    batches = corpus.batch_summaries(config.run_id, STAGE)
+    coverage = Coverage(
+        tools_total=sum(len(domain_graph(d).tools) for d in config.domains),
+        edges_total=sum(domain_graph(d).graph.number_of_edges() for d in config.domains),
+    )
+    totals: dict[str, Any] = {k: 0 for k in ("tasks", "accepted", "rejected", "trajectories", "verifications",
+                                               "sample_failures", "user_leaks")}
+    for b in batches:
+        s = b["summary"]
+        for k in totals:
+            totals[k] += s.get(k, 0)
+        coverage.merge(Coverage.from_dict(s["coverage"]))
+    totals["acceptance_rate"] = round(totals["accepted"] / totals["tasks"], 4) if totals["tasks"] else 0.0
+    totals["batches_done"] = len(batches)
+    totals["batches_total"] = config.n_batches
+    totals["coverage"] = coverage.summary()
+    return totals
+
+
+def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
+    cov = summary["coverage"]
+    return "\n".join([
+        f"# synthesize run `{run_id}`",
+        "",
+        "| metric | value |", "|---|---|",
+        *(f"| {k} | {summary[k]} |" for k in ("tasks", "accepted", "rejected", "acceptance_rate", "trajectories",
+                                               "verifications", "sample_failures", "user_leaks", "batches_done")),
+        *(f"| coverage: {k} | {v} |" for k, v in cov.items()),
+        "",
+        f"Corpus: `{root}`. Query it: `synthloop query \"SELECT domain, count(*) FROM accepted_tasks GROUP BY 1\"`.",
+    ])
+
+
+@flow(name="synthesize", log_prints=True)
+def synthesize(config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus") -> dict[str, Any]:
+    """Synthesise a verified tool-use corpus on the built-in environments.
+
+    Args:
+        config: What to sample and how much; the same config resumes the same run.
+        corpus_root: Folder of the Parquet corpus (shared by all runs; one sub-folder per run and table).
+    """
+    logger = get_run_logger()
+    corpus = Corpus(corpus_root)
+    run_id = config.run_id
+    removed = corpus.remove_temporaries()
+    if removed:
+        logger.warning("removed %d partial files left by an interrupted run", removed)
+    corpus.write_manifest(run_id, {"run_id": run_id, "fingerprint": config.fingerprint(), "stage": STAGE,
+                                   "config": config.model_dump(mode="json"), "status": "running"})
+    if not corpus.batch_done(run_id, "catalog", 0):
+        corpus.write_batch(run_id, "catalog", 0, catalog_rows(config.domains), {"domains": config.domains})
+    progress_id = create_progress_artifact(0.0, key=f"synthesize-{run_id}".lower(), description="Batches done")
+    interactive = sys.stderr.isatty()
+    with Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  disable=not interactive) as bar:
+        job = bar.add_task("batches", total=config.n_batches)
+        for batch in range(config.n_batches):
+            info = synthesize_batch(config, batch, str(corpus.root))
+            if info.get("skipped"):
+                logger.info("batch %d already complete: skipped", batch)
+            else:
+                logger.info("batch %d: %d tasks, %d accepted in %.1fs", batch, info["tasks"], info["accepted"],
+                            info["duration_s"])
+            bar.advance(job)
+            update_progress_artifact(progress_id, 100.0 * (batch + 1) / config.n_batches)
+    summary = summarize(corpus, config)
+    corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
+    corpus.write_catalog()
+    create_markdown_artifact(_markdown(run_id, summary, corpus.root), key=f"synthesize-summary-{run_id}".lower(),
+                             description="Counts, acceptance rate and coverage of the run")
+    print(f"run {run_id}: {summary['accepted']} accepted of {summary['tasks']} tasks "
+          f"({summary['acceptance_rate']:.1%}); corpus at {corpus.root}")
+    return {"run_id": run_id, **summary}

@@ -1,0 +1,251 @@
+"""The conversation loop and the deterministic agents that make the pipeline testable without a model.
+
+``run_episode`` drives a user simulator, an assistant and an environment through OpenAI-format messages;
+an LLM assistant or user plugs into the same loop later. ``ScriptedUser`` follows the user-simulator rules
+(one request at a time, private information only when asked, an explicit stop marker). ``OracleAssistant``
+executes the reference plan through the same message protocol a model uses; with a ``fault`` it becomes
+the negative control a verifier must reject.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from envs import Environment
+from generators.tasks import noun
+from schemas import Message, Task, Trajectory
+
+STOP = "###STOP###"
+MAX_TURNS = 40
+
+
+class Assistant(Protocol):
+    name: str
+    model: str | None
+
+    def act(self, messages: list[Message]) -> Message: ...
+
+
+class User(Protocol):
+    name: str
+    model: str | None
+    stopped: bool
+
+    def first_message(self) -> str: ...
+
+    def respond(self, messages: list[Message]) -> str: ...
+
+
+def system_prompt(env: Environment) -> str:
+    return (
+        f"You are a helpful assistant for {env.domain_cls.description} "
+        "Use the tools to fulfil the user's requests. Ask the user for any information you need "
+        "instead of guessing. Do not make changes the user did not ask for. When a request is done, "
+        "tell the user the outcome."
+    )
+
+
+def call_tool(env: Environment, call: dict[str, Any]) -> str:
+    """Execute one OpenAI-format tool call and return the tool message content (errors included)."""
+    fn = call.get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except json.JSONDecodeError as exc:
+        return json.dumps({"error": f"Arguments are not valid JSON: {exc.msg} at position {exc.pos}"})
+    result, error = env.execute(str(fn.get("name")), args)
+    return json.dumps({"error": error} if error else result, sort_keys=True, default=str)
+
+
+def run_episode(
+    task: Task, user: User, assistant: Assistant, env: Environment, *, role: str, trajectory_id: str
+) -> Trajectory:
+    """Run one conversation to the user's stop marker (or ``MAX_TURNS``) and record it."""
+    start = time.perf_counter()
+    messages: list[Message] = [
+        {"role": "system", "content": system_prompt(env)},
+        {"role": "user", "content": user.first_message()},
+    ]
+    turns = 0
+    while turns < MAX_TURNS and not user.stopped:
+        turns += 1
+        reply = assistant.act(messages)
+        messages.append(reply)
+        calls = reply.get("tool_calls") or []
+        for call in calls:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                             "content": call_tool(env, call)})
+        if not calls:
+            messages.append({"role": "user", "content": user.respond(messages)})
+    return Trajectory(
+        trajectory_id=trajectory_id,
+        task_id=task.task_id,
+        run_id=task.run_id,
+        batch=task.batch,
+        role=role,
+        messages=messages,
+        tools=sorted(env.specs),
+        metadata={
+            "user_agent": user.name,
+            "assistant_agent": assistant.name,
+            "user_model": user.model,
+            "assistant_model": assistant.model,
+            "n_turns": turns,
+            "n_tool_calls": sum(len(m.get("tool_calls") or []) for m in messages),
+            "duration_s": round(time.perf_counter() - start, 6),
+        },
+    )
+
+
+def _mentions(text: str, key: str) -> bool:
+    return noun(key) in text or key.replace("_", " ") in text
+
+
+_CONFIRM = re.compile(r"\b(confirm|proceed|shall i|should i|would you like me to|go ahead)\b")
+
+
+@dataclass
+class ScriptedUser:
+    """A rule-following user: one request at a time, private information only when asked, then a stop marker.
+
+    It keeps an audit of its own behaviour (``leaks`` counts private values it gave unasked, which must stay 0).
+    """
+
+    task: Task
+    name: str = "scripted-user"
+    model: str | None = None
+    stopped: bool = False
+    next_request: int = 1
+    revealed: set[str] = field(default_factory=set)
+    leaks: int = 0
+
+    def first_message(self) -> str:
+        return self.task.requests[0]
+
+    def respond(self, messages: list[Message]) -> str:
+        text = (messages[-1].get("content") or "").lower()
+        asked = [k for k in self.task.private_info if _mentions(text, k)]
+        if "?" in text and asked:
+            self.revealed.update(asked)
+            return " ".join(f"My {k.replace('_', ' ')} is {self.task.private_info[k]}." for k in asked)
+        if "?" in text and _CONFIRM.search(text):
+            return "Yes, please go ahead."
+        if self.next_request < len(self.task.requests):
+            self.next_request += 1
+            return self.task.requests[self.next_request - 1]
+        self.stopped = True
+        return f"Thanks, that's everything. {STOP}"
+
+
+@dataclass
+class Fault:
+    """How a negative-control assistant departs from the reference plan."""
+
+    kind: str  # "no_op", "refusal", "wrong_argument", "missing_step", "extra_write"
+    step: str | None = None
+    param: str | None = None
+    value: Any = None
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+
+class OracleAssistant:
+    """Executes a task's reference plan through the chat protocol, reading only what the conversation shows.
+
+    It asks for private values before using them, resolves step references from earlier tool messages,
+    issues ready independent calls together when ``parallel`` is set, and reports the answer fields at the
+    end. Its whole state is derived from the messages, so it behaves like a model would: statelessly.
+    """
+
+    def __init__(self, task: Task, *, parallel: bool = False, fault: Fault | None = None):
+        self.task = task
+        self.parallel = parallel
+        self.fault = fault
+        self.name = "oracle" if fault is None else f"oracle+{fault.kind}"
+        self.model = None
+        self.answer_sources = next(c["sources"] for c in task.verifier["checks"] if c["name"] == "answer")
+        skipped: set[str] = set()
+        if fault and fault.kind == "missing_step":
+            skipped.add(fault.step)
+            for step in task.reference_plan:  # steps that need a skipped result cannot be done either
+                if any(d in skipped for d in step.depends_on):
+                    skipped.add(step.id)
+        self.skipped = skipped
+
+    def act(self, messages: list[Message]) -> Message:
+        if self.fault and self.fault.kind == "no_op":
+            return {"role": "assistant", "content": "All done!"}
+        if self.fault and self.fault.kind == "refusal":
+            return {"role": "assistant", "content": "I'm sorry, but I can't help with that request."}
+        user_texts = [m["content"] or "" for m in messages if m["role"] == "user"]
+        n_requests = sum(1 for r in self.task.requests if r in user_texts)
+        results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+        pending = [
+            s for s in self.task.reference_plan
+            if s.request < n_requests and s.id not in self.skipped and f"call_{s.id}" not in results
+        ]
+        batch = []
+        for step in pending:
+            if any(d in self.skipped for d in step.depends_on):
+                self.skipped.add(step.id)
+                continue
+            if any(f"call_{d}" not in results for d in step.depends_on):
+                break
+            call = self._call(step, results)
+            if call is None:  # an earlier call failed (only under a fault): this step cannot be done
+                self.skipped.add(step.id)
+                continue
+            batch.append((step, call))
+            if not self.parallel:
+                break
+        if batch:
+            revealed = " ".join(user_texts[1:])
+            missing = [p for s, _ in batch for p in s.private if str(s.args[p]) not in revealed]
+            if missing:
+                nouns = " and ".join(dict.fromkeys(f"your {p.replace('_', ' ')}" for p in missing))
+                return {"role": "assistant", "content": f"To do that I need {nouns}. Could you tell me?"}
+            return {"role": "assistant", "content": "", "tool_calls": [c for _, c in batch]}
+        if n_requests < len(self.task.requests):
+            return {"role": "assistant", "content": "Done. Let me know what else you need."}
+        if self.fault and self.fault.kind == "extra_write" and "call_extra" not in results:
+            call = {"id": "call_extra", "type": "function",
+                    "function": {"name": self.fault.tool, "arguments": json.dumps(self.fault.args)}}
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        return {"role": "assistant", "content": self._report(results)}
+
+    def _call(self, step, results: dict[str, str]) -> dict[str, Any] | None:
+        args = {}
+        for param, value in step.args.items():
+            if isinstance(value, dict) and "$ref" in value:
+                node = json.loads(results[f"call_{value['$ref']}"])
+                try:
+                    for key in value["path"]:
+                        node = node[key]
+                except (KeyError, IndexError, TypeError):
+                    return None
+                value = node
+            args[param] = value
+        if self.fault and self.fault.kind == "wrong_argument" and self.fault.step == step.id:
+            args[self.fault.param] = self.fault.value
+        return {"id": f"call_{step.id}", "type": "function",
+                "function": {"name": step.tool, "arguments": json.dumps(args, sort_keys=True)}}
+
+    def _report(self, results: dict[str, str]) -> str:
+        parts = []
+        for src in self.answer_sources:
+            content = results.get(f"call_{src['step']}")
+            if content is None:
+                continue
+            data = json.loads(content)
+            if "error" in data if isinstance(data, dict) else False:
+                continue
+            value = len(data) if src["field"] == "#" else data.get(src["field"])
+            label = "number of results" if src["field"] == "#" else re.sub(r"_", " ", src["field"])
+            parts.append(f"{label}: {value}")
+        return "All done. " + ("Here is what you asked for: " + "; ".join(parts) + "." if parts else "")

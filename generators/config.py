@@ -1,0 +1,67 @@
+"""The knobs of synthesis, in one documented object: flows take it as their parameter, so the Prefect UI
+renders the same documentation as a form."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from pydantic import BaseModel, Field, model_validator
+
+
+class SamplingConfig(BaseModel):
+    """How tool-call plans are sampled from the tool graph."""
+
+    depth_min: int = Field(1, ge=1, le=6, description="Shortest dependency path to sample (in calls).")
+    depth_max: int = Field(6, ge=1, le=6, description="Longest dependency path to sample (in calls).")
+    max_width: int = Field(3, ge=1, le=6, description="Most calls at one dependency level (forks, merges, parallel calls).")
+    nonlinear_share: float = Field(
+        0.5, ge=0, le=1, description="Share of plans given extra branches (fork, merge or independent parallel calls)."
+    )
+    parallel_share: float = Field(
+        0.35, ge=0, le=1, description="Share of tasks whose assistant issues independent ready calls in one turn."
+    )
+    private_share: float = Field(
+        0.5, ge=0, le=1, description="Chance that an identifying argument is moved into the user's private information."
+    )
+    optional_arg_share: float = Field(0.3, ge=0, le=1, description="Chance of binding each optional argument.")
+    diversity: float = Field(
+        1.0, ge=0, le=5,
+        description="How strongly tool choice favours tools used less so far in the batch (0 = uniform).",
+    )
+
+    @model_validator(mode="after")
+    def _depths(self) -> SamplingConfig:
+        if self.depth_min > self.depth_max:
+            raise ValueError(f"depth_min ({self.depth_min}) must not exceed depth_max ({self.depth_max})")
+        return self
+
+
+class SynthesizeConfig(BaseModel):
+    """One synthesis run: which domains, how many tasks, how they are sampled, where the corpus goes."""
+
+    run_name: str = Field("default", pattern=r"^[A-Za-z0-9_\-]+$", description="Name of the run; with the config fingerprint it forms the run id.")
+    seed: int = Field(0, description="Master seed; the same config always produces the same corpus.")
+    domains: list[str] = Field(
+        default_factory=lambda: ["retail", "calendar", "banking", "files"], min_length=1,
+        description="Built-in environment domains to sample tasks from.",
+    )
+    n_tasks: int = Field(1400, ge=1, description="Tasks to sample; those whose verifier fails its controls are kept but not accepted.")
+    batch_size: int = Field(200, ge=1, le=2000, description="Tasks per batch: one Prefect task run, one Parquet shard per table.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    code_check_share: float = Field(
+        0.03, ge=0, le=1, description="Share of tasks that also carry a verifier check expressed as code (run sandboxed)."
+    )
+
+    @property
+    def n_batches(self) -> int:
+        return -(-self.n_tasks // self.batch_size)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes the output; a re-run with the same fingerprint resumes."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.run_name}-{self.fingerprint()[:8]}"

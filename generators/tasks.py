@@ -1,0 +1,431 @@
+"""Execute-first task generation.
+
+A plan is grown on a working copy of the environment, one executed call at a time: a backbone chain of the
+sampled depth along tool-graph edges, then extra branches (fork, merge or an independent parallel call).
+Only calls that succeed are kept, so every plan is executable by construction. The executed trace then
+yields the expected final-state diff and answer, and a templated goal that the trace entails, with key
+argument values moved into the user's private information.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from envs import Environment, ToolSpec
+from generators.config import SamplingConfig
+from generators.graph import ToolGraph
+from schemas import Lineage, PlanStep, Signature, Task
+
+MAX_TRIES = 6
+
+
+@dataclass
+class _Step:
+    id: str
+    tool: str
+    args: dict[str, Any]  # literals or {"$ref", "path"}
+    values: dict[str, Any]  # the concrete arguments it was executed with
+    result: Any
+    level: int
+    parents: list[str] = field(default_factory=list)
+
+
+def resolve(result: Any, path: list[Any]) -> Any:
+    for key in path:
+        result = result[key]
+    return result
+
+
+def noun(param: str) -> str:
+    """How a request names a parameter: ``from_account_id`` → "account", ``new_city`` → "new city"."""
+    if param.endswith("_id"):
+        return param[:-3].split("_")[-1]
+    return param.replace("_", " ")
+
+
+def is_id(param: str) -> bool:
+    return param.endswith("_id")
+
+
+class PlanSampler:
+    """Samples executable plans on one domain environment.
+
+    Args:
+        env: The environment in its initial state (it is forked, never changed).
+        graph: The domain's tool graph.
+        config: Sampling knobs.
+        usage: Tool usage counts shared across samples; tools used less are favoured (diversity).
+    """
+
+    def __init__(self, env: Environment, graph: ToolGraph, config: SamplingConfig, usage: Counter | None = None):
+        self.base = env
+        self.graph = graph
+        self.config = config
+        self.usage = usage if usage is not None else Counter()
+        self.specs: dict[str, ToolSpec] = env.specs
+
+    # argument binding -----------------------------------------------------------------------------------
+    def _literal(self, work: Environment, tool: str, param: str, schema: dict[str, Any], rng: random.Random) -> Any:
+        candidates = work.candidates(param, tool)
+        if candidates:
+            return rng.choice(candidates)
+        if "enum" in schema:
+            return rng.choice(schema["enum"])
+        t = schema.get("type")
+        t = next((x for x in t if x != "null"), None) if isinstance(t, list) else t
+        if t == "integer":
+            return rng.randint(1, 3)
+        if t == "number":
+            return float(rng.randint(2, 20) * 5)
+        if t == "boolean":
+            return rng.random() < 0.5
+        return None  # free text with no source in the state: not bindable
+
+    def _bind(
+        self, work: Environment, tool: str, fixed: dict[str, Any], rng: random.Random
+    ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """Complete ``fixed`` (param → ref) with literal values; returns (args, concrete values) or None."""
+        schema = self.specs[tool].record.parameters
+        args, values = {}, {}
+        rows = [r for r in work.candidate_rows(tool) if all(r.get(p, v[1]) == v[1] for p, v in fixed.items())]
+        row = rng.choice(rows) if rows else {}
+        for param, pschema in schema["properties"].items():
+            if param in fixed:
+                args[param], values[param] = fixed[param]
+                continue
+            required = param in schema.get("required", [])
+            if not required and rng.random() >= self.config.optional_arg_share:
+                continue
+            value = row[param] if param in row else self._literal(work, tool, param, pschema, rng)
+            if value is None:
+                if required:
+                    return None
+                continue
+            args[param] = values[param] = value
+        return args, values
+
+    def _weighted(self, tools: list[str], rng: random.Random) -> list[str]:
+        """Tools in a random order that favours the less used ones (inverse-usage weights)."""
+        k = self.config.diversity
+        keyed = [(rng.random() ** (1.0 + k * self.usage[f"{self.graph.domain}.{t}"]), t) for t in tools]
+        return [t for _, t in sorted(keyed, reverse=True)]
+
+    def _try_step(
+        self, work: Environment, steps: list[_Step], tool: str, refs: dict[str, tuple[_Step, tuple]], rng: random.Random
+    ) -> _Step | None:
+        """Bind ``tool`` (some params from earlier results via ``refs``), execute it, keep it if it succeeds."""
+        for _ in range(MAX_TRIES):
+            fixed = {}
+            for param, (parent, path) in refs.items():
+                concrete = []
+                node = parent.result
+                for key in path:
+                    if key == "*":
+                        if not isinstance(node, list) or not node:
+                            return None
+                        key = rng.randrange(len(node))
+                    if not isinstance(node, (dict, list)):
+                        return None
+                    concrete.append(key)
+                    node = node[key]
+                fixed[param] = ({"$ref": parent.id, "path": concrete}, node)
+            bound = self._bind(work, tool, fixed, rng)
+            if bound is None:
+                return None
+            args, values = bound
+            if any(s.tool == tool and s.values == values for s in steps):
+                continue  # the same call twice adds nothing
+            result, error = work.execute(tool, values)
+            if error is None:
+                parents = sorted({p.id for p, _ in refs.values()})
+                level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
+                return _Step(f"s{len(steps)}", tool, args, values, result, level, parents)
+        return None
+
+    # plan growth --------------------------------------------------------------------------------------------
+    def _extend(self, work: Environment, steps: list[_Step], parent: _Step, rng: random.Random, max_level: int) -> _Step | None:
+        if parent.level + 1 > max_level:
+            return None
+        children = {s.tool for s in steps if parent.id in s.parents}
+        options = [t for t in self.graph.successors(parent.tool) if t != parent.tool and t not in children]
+        for tool in self._weighted(options, rng):
+            bindings = self.graph.bindings(parent.tool, tool)
+            by_param: dict[str, list[dict]] = {}
+            for b in bindings:
+                by_param.setdefault(b["param"], []).append(b)
+            param = rng.choice(sorted(by_param))
+            binding = rng.choice(by_param[param])
+            step = self._try_step(work, steps, tool, {param: (parent, binding["path"])}, rng)
+            if step is not None:
+                return step
+        return None
+
+    def _merge(self, work: Environment, steps: list[_Step], rng: random.Random, max_level: int) -> _Step | None:
+        """A call whose parameters come from two different earlier steps."""
+        for tool in self._weighted(list(self.specs), rng):
+            sources = []
+            for s in steps:
+                for b in self.graph.bindings(s.tool, tool):
+                    sources.append((s, b))
+            rng.shuffle(sources)
+            for (s1, b1) in sources:
+                for (s2, b2) in sources:
+                    if s1.id != s2.id and b1["param"] != b2["param"] and max(s1.level, s2.level) + 1 <= max_level:
+                        step = self._try_step(work, steps, tool, {b1["param"]: (s1, b1["path"]), b2["param"]: (s2, b2["path"])}, rng)
+                        if step is not None:
+                            return step
+                        break
+        return None
+
+    def sample(self, rng: random.Random) -> tuple[Environment, list[_Step], dict] | None:
+        """Grow one executed plan; returns the working environment (in the final state), the steps and the
+        initial state rows, or None if the sampled shape could not be realised on this state."""
+        cfg = self.config
+        depth = rng.randint(cfg.depth_min, cfg.depth_max)
+        work = self.base.fork()
+        initial = work.rows()
+        steps: list[_Step] = []
+        for root in self._weighted(list(self.specs), rng):
+            step = self._try_step(work, steps, root, {}, rng)
+            if step is not None:
+                steps.append(step)
+                break
+        if not steps:
+            return None
+        while len(steps) < depth:
+            step = self._extend(work, steps, steps[-1], rng, depth - 1)
+            if step is None:
+                return None
+            steps.append(step)
+        if cfg.max_width > 1 and rng.random() < cfg.nonlinear_share:
+            for _ in range(rng.randint(1, cfg.max_width - 1)):
+                kinds = ["fork", "merge", "parallel"] if depth > 1 else ["parallel"]
+                kind = rng.choice(kinds)
+                if kind == "fork":
+                    parents = [s for s in steps if s.level < depth - 1]
+                    step = self._extend(work, steps, rng.choice(parents), rng, depth - 1) if parents else None
+                elif kind == "merge":
+                    step = self._merge(work, steps, rng, depth - 1)
+                else:
+                    step = None
+                    for tool in self._weighted(list(self.specs), rng):
+                        step = self._try_step(work, steps, tool, {}, rng)
+                        if step is not None:
+                            break
+                if step is not None:
+                    steps.append(step)
+        for s in steps:
+            self.usage[f"{self.graph.domain}.{s.tool}"] += 1
+        return work, steps, initial
+
+
+# --- from an executed plan to a task -------------------------------------------------------------------------
+
+
+def signature(steps: list[_Step]) -> Signature:
+    g = nx.DiGraph()
+    g.add_nodes_from(s.id for s in steps)
+    g.add_edges_from((p, s.id) for s in steps for p in s.parents)
+    depth = nx.dag_longest_path_length(g) + 1 if steps else 0
+    width = max(Counter(s.level for s in steps).values())
+    n = len(steps)
+    max_in = max((d for _, d in g.in_degree()), default=0)
+    max_out = max((d for _, d in g.out_degree()), default=0)
+    connected = nx.is_weakly_connected(g)
+    if n == 1:
+        topology = "single"
+    elif g.number_of_edges() == 0:
+        topology = "parallel"
+    elif connected and max_in <= 1 and max_out <= 1:
+        topology = "chain"
+    elif connected and max_in <= 1:
+        topology = "fork"
+    elif connected and max_out <= 1:
+        topology = "merge"
+    else:
+        topology = "dag"
+    return Signature(topology, depth, width, n, sorted({s.tool for s in steps}))
+
+
+def _render(template: str, rendered: dict[str, tuple[str, str]]) -> str:
+    """Fill a phrase template; each value is (kind, text), and a noun already in the template is not repeated."""
+
+    def sub(m: re.Match) -> str:
+        word, param = m.group(1), m.group(2)
+        if param not in rendered:
+            return m.group(0) if word is None else f"{word} {m.group(0)}"
+        kind, text = rendered[param]
+        lead = f"{word} " if word and word.lower() not in noun(param).split() else ""
+        return lead + text
+
+    text = re.sub(r"(?:\b(\w+)\s+)?\{(\w+)\}", sub, template)
+    return re.sub(r"\s*\([^()]*\{\w+\}[^()]*\)", "", text)  # optional parameters the plan left unbound
+
+
+def _answer(spec: ToolSpec, result: Any) -> Any:
+    if spec.answer == "#":
+        return len(result) if isinstance(result, list) else None
+    if spec.answer and isinstance(result, dict):
+        return result.get(spec.answer)
+    return None
+
+
+def build_task(
+    *,
+    env: Environment,
+    work: Environment,
+    steps: list[_Step],
+    initial: dict,
+    rng: random.Random,
+    config: SamplingConfig,
+    task_id: str,
+    run_id: str,
+    batch: int,
+    sampler_seed: int,
+    code_check: bool = False,
+) -> Task | None:
+    """Phrase an executed plan as a task with its expected outcome and per-instance verifier spec."""
+    specs = env.specs
+    index = {s.id: i for i, s in enumerate(steps)}
+    # private information: identifying literals the user knows but does not say up front
+    private_info: dict[str, Any] = {}
+    private: dict[str, list[str]] = {s.id: [] for s in steps}
+    for s in steps:
+        for param, value in s.args.items():
+            identifying = is_id(param) or param == "email"  # a new value (a city to move to) is the request itself
+            if isinstance(value, dict) or not identifying or not isinstance(value, str):
+                continue
+            if param in private_info or rng.random() >= config.private_share:
+                continue
+            private_info[param] = value
+            private[s.id].append(param)
+    # one request per state change: the user asks for one thing at a time
+    requests_of: dict[str, int] = {}
+    req = 0
+    for s in steps:
+        requests_of[s.id] = req
+        if specs[s.tool].mutates and req < 2 and s is not steps[-1]:
+            req += 1
+    n_requests = max(requests_of.values()) + 1
+    children = {p for s in steps for p in s.parents}
+    answers, sources = [], []
+    for s in steps:
+        if s.id in children:
+            continue
+        value = _answer(specs[s.tool], s.result)
+        if value is not None and not isinstance(value, (dict, list)):
+            answers.append(value)
+            sources.append({"step": s.id, "field": specs[s.tool].answer})
+    if not answers:
+        return None
+    lines: list[list[str]] = [[] for _ in range(n_requests)]
+    for s in steps:
+        rendered = {}
+        for param, value in s.args.items():
+            if isinstance(value, dict):
+                ref = steps[index[value["$ref"]]]
+                k = index[ref.id] + 1
+                path = value["path"]
+                pos = next((i for i, p in enumerate(path) if isinstance(p, int)), None)
+                if pos is None:
+                    where = f"step {k}"
+                else:
+                    what = "result" if pos == 0 else noun(str(path[pos - 1])).rstrip("s")
+                    where = f"{what} #{path[pos] + 1} of step {k}"
+                rendered[param] = ("ref", f"the {noun(param)} from {where}")
+            elif param in private[s.id]:
+                rendered[param] = ("private", f"my {noun(param)}{' id' if is_id(param) else ''}")
+            elif is_id(param) or param in ("email",):
+                rendered[param] = ("literal", f"{noun(param)} {value}")
+            else:
+                rendered[param] = ("literal", f"{value}")
+        text = _render(specs[s.tool].phrase, rendered)
+        lines[requests_of[s.id]].append(f"{index[s.id] + 1}) {text[0].upper()}{text[1:]}.")
+    asks = []
+    for src in sources:
+        k = index[src["step"]] + 1
+        asks.append(f"how many results step {k} returned" if src["field"] == "#" else f"the {src['field'].replace('_', ' ')} from step {k}")
+    # constraints: a state-changing tool the plan never needs is off limits, and the call budget is bounded
+    used = {s.tool for s in steps}
+    forbidden = sorted(t for t, sp in specs.items() if sp.mutates and t not in used)
+    constraints: list[dict[str, Any]] = [{"kind": "no_extra_writes"}]
+    closing = ["Please make no changes other than the ones I asked for."]
+    if forbidden:
+        tool = rng.choice(forbidden)
+        desc = specs[tool].record.description.rstrip(".")
+        constraints.append({"kind": "forbidden_tool", "tool": tool})
+        closing.append(f"Do not {desc[0].lower()}{desc[1:]}.")
+    constraints.append({"kind": "max_calls", "value": 2 * len(steps) + 4})
+    requests = []
+    for i, chunk in enumerate(lines):
+        head = "Hi! I need some help. " if i == 0 else "Thanks. Next: "
+        text = head + " ".join(chunk)
+        if i == n_requests - 1:
+            text += f" Then tell me {'; '.join(asks)}. " + " ".join(closing)
+        requests.append(text)
+    expected_diff = work.diff(initial)
+    checks: list[dict[str, Any]] = [
+        {"name": "format"},
+        {"name": "schema"},
+        {"name": "execution"},
+        {"name": "state_diff", "expected": expected_diff},
+        {"name": "answer", "expected": answers, "sources": sources},
+        {"name": "constraints", "rules": constraints},
+    ]
+    if code_check:
+        source = code_check_source(expected_diff, answers)
+        if source:
+            checks.append({"name": "code", "source": source, "entrypoint": "check"})
+    plan = [
+        PlanStep(id=s.id, tool=s.tool, args=s.args, private=private[s.id], request=requests_of[s.id]) for s in steps
+    ]
+    return Task(
+        task_id=task_id,
+        run_id=run_id,
+        batch=batch,
+        domain=env.domain_cls.name,
+        env_seed=env.seed,
+        goal=" ".join(requests),
+        requests=requests,
+        private_info=private_info,
+        constraints=constraints,
+        reference_plan=plan,
+        expected_diff=expected_diff,
+        expected_answer=answers,
+        signature=signature(steps),
+        lineage=Lineage(generator="graph-sampler/execute-first", sampler_seed=sampler_seed),
+        initial_state_hash=env.state_hash(),
+        final_state_hash=work.state_hash(),
+        verifier={"version": 1, "checks": checks},
+    )
+
+
+def code_check_source(expected_diff: dict[str, Any], answers: list[Any]) -> str | None:
+    """A per-task check written as code (the form an LLM-written check takes), for the sandboxed path.
+
+    It checks one updated column of the final state, or else the first expected answer, from the payload
+    ``{"state": {table: {key: row}}, "answer": str}``.
+    """
+    for table, change in sorted(expected_diff.items()):
+        for key, cols in sorted(change["updated"].items()):
+            for col, (_, new) in sorted(cols.items()):
+                if isinstance(new, str) and new.startswith("<new "):
+                    continue
+                return (
+                    "def check(payload):\n"
+                    f"    row = payload['state'].get({table!r}, {{}}).get({key!r})\n"
+                    f"    ok = row is not None and row.get({col!r}) == {new!r}\n"
+                    f"    return {{'passed': ok, 'detail': 'final {table}.{col} of {key}: %r' % (row or {{}}).get({col!r})}}\n"
+                )
+    return None
+
+
+def task_id_for(run_id: str, batch: int, index: int) -> str:
+    return hashlib.sha256(f"{run_id}/{batch}/{index}".encode()).hexdigest()[:16]
