@@ -77,7 +77,8 @@ class Retail(Domain):
     CREATE TABLE products (product_id TEXT PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL,
                            price REAL NOT NULL, stock INTEGER NOT NULL);
     CREATE TABLE orders (order_id TEXT PRIMARY KEY, customer_id TEXT NOT NULL REFERENCES customers,
-                         status TEXT NOT NULL, total REAL NOT NULL, created TEXT NOT NULL);
+                         status TEXT NOT NULL, total REAL NOT NULL, created TEXT NOT NULL,
+                         cancel_reason TEXT);
     CREATE TABLE order_items (order_id TEXT NOT NULL REFERENCES orders, product_id TEXT NOT NULL REFERENCES products,
                               quantity INTEGER NOT NULL, price REAL NOT NULL, PRIMARY KEY (order_id, product_id));
     CREATE TABLE returns (return_id TEXT PRIMARY KEY, order_id TEXT NOT NULL REFERENCES orders,
@@ -130,8 +131,9 @@ class Retail(Domain):
             lines = [(pid, rng.randint(1, 3)) for pid in items]
             total = round(sum(prices[p] * q for p, q in lines), 2)
             db.execute(
-                "INSERT INTO orders VALUES (?,?,?,?,?)",
-                (oid, rng.choice(customers), status, total, f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"),
+                "INSERT INTO orders VALUES (?,?,?,?,?,?)",
+                (oid, rng.choice(customers), status, total, f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+                 "no longer needed" if status == "cancelled" else None),
             )
             db.executemany(
                 "INSERT INTO order_items VALUES (?,?,?,?)", [(oid, p, q, prices[p]) for p, q in lines]
@@ -176,7 +178,10 @@ class Retail(Domain):
         Args:
             order_id: The order id, e.g. "O0001".
         """
-        order = self.one("SELECT * FROM orders WHERE order_id = ?", order_id, missing="Order not found")
+        order = self.one(
+            "SELECT order_id, customer_id, status, total, created FROM orders WHERE order_id = ?", order_id,
+            missing="Order not found",
+        )
         order["items"] = self.all(
             "SELECT product_id, quantity, price FROM order_items WHERE order_id = ? ORDER BY product_id", order_id
         )
@@ -219,7 +224,9 @@ class Retail(Domain):
             self.db.execute(
                 "UPDATE products SET stock = stock + ? WHERE product_id = ?", (item["quantity"], item["product_id"])
             )
-        self.db.execute("UPDATE orders SET status = 'cancelled' WHERE order_id = ?", (order_id,))
+        self.db.execute(
+            "UPDATE orders SET status = 'cancelled', cancel_reason = ? WHERE order_id = ?", (reason, order_id)
+        )
         return self.get_order(order_id)
 
     @tool(mutates=True, phrase="order {quantity} of product {product_id} for customer {customer_id}", answer="total")
@@ -239,7 +246,9 @@ class Retail(Domain):
             raise ToolError(f"Only {product['stock']} units of {product_id} in stock")
         oid = self.next_id("orders", "order_id", "O")
         total = round(product["price"] * quantity, 2)
-        self.db.execute("INSERT INTO orders VALUES (?,?,?,?,?)", (oid, customer_id, "pending", total, self.today))
+        self.db.execute(
+            "INSERT INTO orders VALUES (?,?,?,?,?,?)", (oid, customer_id, "pending", total, self.today, None)
+        )
         self.db.execute("INSERT INTO order_items VALUES (?,?,?,?)", (oid, product_id, quantity, product["price"]))
         self.db.execute("UPDATE products SET stock = stock - ? WHERE product_id = ?", (quantity, product_id))
         return self.get_order(oid)

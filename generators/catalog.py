@@ -23,6 +23,7 @@ from typing import Any, Literal
 import jsonschema
 
 from schemas import TABLES, Tool
+from storage.external import bfcl_file, default_bfcl_root  # noqa: F401  (callers find BFCL data here too)
 
 try:
     import yaml
@@ -180,26 +181,6 @@ def load_bfcl_catalog(root: str | os.PathLike) -> list[Tool]:
     return tools
 
 
-def bfcl_file(root: str | os.PathLike, category: str, *, answers: bool = False) -> Path:
-    """The newest ``BFCL_v<N>_<category>.json`` under ``root`` (or under ``root/possible_answer``)."""
-    folder = Path(root) / "possible_answer" if answers else Path(root)
-    pattern = re.compile(rf"BFCL_v\d+_{re.escape(category)}\.json")  # a glob would match parallel_multiple for multiple
-    found = sorted((p for p in folder.glob("BFCL_v*.json") if pattern.fullmatch(p.name)), key=_bfcl_version)
-    if not found:
-        raise FileNotFoundError(
-            f"{folder}: no BFCL_v*_{category}.json; point SYNTHLOOP_SHARED at the shared folder that holds "
-            "benchmarks/bfcl"
-        )
-    return found[-1]
-
-
-def default_bfcl_root() -> Path:
-    """Where the BFCL data lives: ``$SYNTHLOOP_SHARED/benchmarks/bfcl``, else ``<repo>/../shared/benchmarks/bfcl``."""
-    shared = os.environ.get("SYNTHLOOP_SHARED")
-    base = Path(shared) if shared else Path(__file__).resolve().parents[1] / ".." / "shared"
-    return (base / "benchmarks" / "bfcl").resolve()
-
-
 # --- reading and detecting ----------------------------------------------------------------------------------
 
 
@@ -255,11 +236,6 @@ def _detect(data: Any, file: str) -> str:
 
 def _records(data: Any) -> list[Any]:
     return data if isinstance(data, list) else [data]
-
-
-def _bfcl_version(path: Path) -> int:
-    m = re.match(r"BFCL_v(\d+)_", path.name)
-    return int(m.group(1)) if m else -1
 
 
 def _bfcl_domain(path: Path) -> str:

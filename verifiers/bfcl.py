@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from generators.catalog import bfcl_file, load_bfcl_functions
+from storage.external import bfcl_file
 
 Call = dict[str, Any]  # {"name": str, "arguments": dict}
 GroundTruth = list[dict[str, dict[str, list[Any]]]]  # [{func_name: {arg: [allowed values...]}}]
@@ -161,15 +161,28 @@ def _perfect_matching(ok: list[list[bool]]) -> bool:
 # --- positive and negative controls ---------------------------------------------------------------------------
 
 
-def ground_truth_calls(ground_truth: GroundTruth) -> list[Call]:
-    """The canonical calls of a ground truth: each argument's first allowed value; omitted where that is ``""``."""
-    return [{"name": name, "arguments": _first_values(allowed)} for gt in ground_truth for name, allowed in gt.items()]
+def ground_truth_calls(ground_truth: GroundTruth, functions: Iterable[Any] = ()) -> list[Call]:
+    """The canonical calls of a ground truth: each argument's first allowed value; omitted where that is ``""``.
+
+    Where the function docs mark an argument required, its first value other than ``""`` is used: BFCL lists
+    ``""`` first for some required arguments, and the omission that implies is not a valid call.
+    """
+    docs = _function_docs(functions)
+    calls = []
+    for gt in ground_truth:
+        for name, allowed in gt.items():
+            required = set(docs.get(name, {}).get("required") or [])
+            calls.append({"name": name, "arguments": _first_values(allowed, required)})
+    return calls
 
 
-def _first_values(allowed: dict[str, Any]) -> dict[str, Any]:
+def _first_values(allowed: dict[str, Any], required: set[str] = frozenset()) -> dict[str, Any]:
     out = {}
     for arg, values in allowed.items():
-        first = _as_list(values)[0] if _as_list(values) else _OMITTED
+        options = _as_list(values)
+        if arg in required:
+            options = [v for v in options if not (isinstance(v, str) and v == _OMITTED)] or options
+        first = options[0] if options else _OMITTED
         if not (isinstance(first, str) and first == _OMITTED):
             out[arg] = _canonical(first)
     return out
@@ -291,7 +304,7 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
         ``rate``, ``skipped``, ``accepted_examples``), computed on the items whose ground truth is accepted,
         as a rejected ground truth makes its mutations' rejection meaningless; ``mutation_rejected`` over all
         kinds; ``seconds``. Under ``"irrelevance"`` (no call is correct, so only the import is checked):
-        ``questions``, ``functions`` (function docs) and ``tools_imported`` (unique names).
+        ``questions``, ``functions`` (function docs) and ``unique_function_names``.
     """
     root = Path(root)
     report: dict[str, Any] = {}
@@ -305,7 +318,7 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
         for answer in answers:
             qid, truth = answer["id"], answer["ground_truth"]
             functions = questions[qid]["function"]
-            calls = ground_truth_calls(truth)
+            calls = ground_truth_calls(truth, functions)
             result = match_calls(calls, truth, functions)
             if not result.ok:
                 gt_bad.append(qid)
@@ -339,7 +352,7 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
     report["irrelevance"] = {
         "questions": len(irrelevance),
         "functions": sum(len(q["function"]) for q in irrelevance),
-        "tools_imported": len(load_bfcl_functions(path)),
+        "unique_function_names": len({f["name"] for q in irrelevance for f in q["function"]}),
     }
     return report
 
