@@ -21,6 +21,7 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import jsonschema
@@ -274,6 +275,11 @@ class Environment:
             for n, s in self.specs.items()
         }
         self._pks = {t: self._primary_key(t) for t in self.tables()}
+
+    @cached_property
+    def initial_state_hash(self) -> str:
+        """State hash of the initial state: tasks record it, verifiers compare it to detect environment drift."""
+        return self.fork().state_hash()
 
     def fork(self) -> Environment:
         """A fresh environment in this environment's *initial* state (cheap: no regeneration)."""

@@ -77,6 +77,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from storage import Corpus
+    from verifiers.audit import audit
+
+    report = audit(Corpus(args.corpus), run_id=args.run_id, sample=args.sample, seed=args.seed)
+    print(json.dumps(report, indent=2))
+    bad = report["recheck"].get("reference_failed", 0) + report["recheck"].get("control_accepted", 0)
+    return 1 if bad else 0
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas import TABLES
 
@@ -128,6 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=4200)
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.set_defaults(fn=cmd_serve)
+
+    p = sub.add_parser("audit", help="re-verify a sample of accepted tasks from disk and mutation-test their verifiers")
+    p.add_argument("--sample", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--run-id", dest="run_id")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.set_defaults(fn=cmd_audit)
 
     p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")
     p.add_argument("--out", default="data/schemas")

@@ -15,7 +15,7 @@ from functools import lru_cache
 from typing import Any
 
 from envs import Environment, get_domain
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig
 from generators.graph import Coverage, ToolGraph
 from generators.tasks import PlanSampler, build_task, task_id_for
@@ -95,7 +95,7 @@ def run_batch(config: SynthesizeConfig, batch: int) -> BatchResult:
         user = ScriptedUser(task)
         reference = run_episode(task, user, OracleAssistant(task, parallel=parallel), reference_env,
                                 role="reference", trajectory_id=f"{task.task_id}-reference")
-        counts["user_leaks"] += user.leaks
+        counts["user_leaks"] += count_leaks(task, reference.messages)
         episodes = [reference]
         for spec in make_controls(task, env, reference_env, rng):
             fault = Fault(**spec)

@@ -51,7 +51,7 @@ def system_prompt(env: Environment) -> str:
 
 def call_tool(env: Environment, call: dict[str, Any]) -> str:
     """Execute one OpenAI-format tool call and return the tool message content (errors included)."""
-    fn = call.get("function") or {}
+    fn = (call.get("function") if isinstance(call, dict) else None) or {}
     try:
         args = json.loads(fn.get("arguments") or "{}")
     except json.JSONDecodeError as exc:
@@ -75,9 +75,10 @@ def run_episode(
         reply = assistant.act(messages)
         messages.append(reply)
         calls = reply.get("tool_calls") or []
-        for call in calls:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
-                             "content": call_tool(env, call)})
+        for k, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            messages.append({"role": "tool", "tool_call_id": str(call.get("id") or f"call_{turns}_{k}"),
+                             "name": str((fn or {}).get("name") or ""), "content": call_tool(env, call)})
         if not calls:
             messages.append({"role": "user", "content": user.respond(messages)})
     return Trajectory(
@@ -100,8 +101,33 @@ def run_episode(
     )
 
 
-def _mentions(text: str, key: str) -> bool:
-    return noun(key) in text or key.replace("_", " ") in text
+def _said(phrase: str, text: str) -> bool:
+    return re.search(rf"\b{re.escape(phrase)}\b", text) is not None
+
+
+def asked_keys(text: str, keys: list[str]) -> list[str]:
+    """Which private keys an assistant message asks for: by full name ("from account id") when any is named
+    that way, else by noun ("account")."""
+    text = text.lower()
+    exact = []
+    for key in sorted(keys, key=len, reverse=True):  # "from account id" must not also count as "account id"
+        phrase = key.replace("_", " ")
+        if _said(phrase, text):
+            exact.append(key)
+            text = re.sub(rf"\b{re.escape(phrase)}\b", " ", text)
+    return [k for k in keys if k in exact] or [k for k in keys if _said(noun(k), text)]
+
+
+def count_leaks(task: Task, messages: list[Message]) -> int:
+    """Private values a user stated before the assistant asked for them (must be 0 for a rule-following user)."""
+    leaks, asked = 0, set()
+    for m in messages:
+        content = (m.get("content") or "").lower()
+        if m.get("role") == "assistant":
+            asked.update(asked_keys(content, list(task.private_info)))
+        elif m.get("role") == "user":
+            leaks += sum(1 for k, v in task.private_info.items() if k not in asked and str(v).lower() in content)
+    return leaks
 
 
 _CONFIRM = re.compile(r"\b(confirm|proceed|shall i|should i|would you like me to|go ahead)\b")
@@ -111,7 +137,7 @@ _CONFIRM = re.compile(r"\b(confirm|proceed|shall i|should i|would you like me to
 class ScriptedUser:
     """A rule-following user: one request at a time, private information only when asked, then a stop marker.
 
-    It keeps an audit of its own behaviour (``leaks`` counts private values it gave unasked, which must stay 0).
+    ``count_leaks`` audits any user, this one included, on the finished conversation.
     """
 
     task: Task
@@ -120,14 +146,13 @@ class ScriptedUser:
     stopped: bool = False
     next_request: int = 1
     revealed: set[str] = field(default_factory=set)
-    leaks: int = 0
 
     def first_message(self) -> str:
         return self.task.requests[0]
 
     def respond(self, messages: list[Message]) -> str:
         text = (messages[-1].get("content") or "").lower()
-        asked = [k for k in self.task.private_info if _mentions(text, k)]
+        asked = asked_keys(text, list(self.task.private_info))
         if "?" in text and asked:
             self.revealed.update(asked)
             return " ".join(f"My {k.replace('_', ' ')} is {self.task.private_info[k]}." for k in asked)
@@ -206,9 +231,10 @@ class OracleAssistant:
                 break
         if batch:
             revealed = " ".join(user_texts[1:])
-            missing = [p for s, _ in batch for p in s.private if str(s.args[p]) not in revealed]
+            values = [s.args[p] for s, _ in batch for p in s.private if str(s.args[p]) not in revealed]
+            missing = [k for k, v in self.task.private_info.items() if v in values]  # asked by the user's own name for it
             if missing:
-                nouns = " and ".join(dict.fromkeys(f"your {p.replace('_', ' ')}" for p in missing))
+                nouns = " and ".join(dict.fromkeys(f"your {k.replace('_', ' ')}" for k in missing))
                 return {"role": "assistant", "content": f"To do that I need {nouns}. Could you tell me?"}
             return {"role": "assistant", "content": "", "tool_calls": [c for _, c in batch]}
         if n_requests < len(self.task.requests):

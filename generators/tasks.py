@@ -238,19 +238,21 @@ def signature(steps: list[_Step]) -> Signature:
     n = len(steps)
     max_in = max((d for _, d in g.in_degree()), default=0)
     max_out = max((d for _, d in g.out_degree()), default=0)
-    connected = nx.is_weakly_connected(g)
+    # Named by the richest structure present: a merge next to an independent call is still a merge.
     if n == 1:
         topology = "single"
     elif g.number_of_edges() == 0:
         topology = "parallel"
-    elif connected and max_in <= 1 and max_out <= 1:
-        topology = "chain"
-    elif connected and max_in <= 1:
-        topology = "fork"
-    elif connected and max_out <= 1:
-        topology = "merge"
-    else:
+    elif max_in >= 2 and max_out >= 2:
         topology = "dag"
+    elif max_in >= 2:
+        topology = "merge"
+    elif max_out >= 2:
+        topology = "fork"
+    elif nx.is_weakly_connected(g):
+        topology = "chain"
+    else:
+        topology = "dag"  # chains side by side: independent calls next to a dependent sequence
     return Signature(topology, depth, width, n, sorted({s.tool for s in steps}))
 
 
@@ -258,14 +260,17 @@ def _render(template: str, rendered: dict[str, tuple[str, str]]) -> str:
     """Fill a phrase template; each value is (kind, text), and a noun already in the template is not repeated."""
 
     def sub(m: re.Match) -> str:
-        word, param = m.group(1), m.group(2)
+        word, quote, param = m.group(1), m.group(2), m.group(3)
         if param not in rendered:
-            return m.group(0) if word is None else f"{word} {m.group(0)}"
+            return m.group(0)
         kind, text = rendered[param]
-        lead = f"{word} " if word and word.lower() not in noun(param).split() else ""
-        return lead + text
+        if word and (word.lower() in noun(param).split() or (word.lower() == "the" and text.startswith(("the ", "my ")))):
+            word = None  # "order {order_id}" -> "order O0001"; "the {category}" -> "the category from step 2"
+        if kind != "literal":
+            quote = ""  # a reference is not the literal text: "name 'the name from step 2'" would mislead
+        return (f"{word} " if word else "") + quote + text + quote
 
-    text = re.sub(r"(?:\b(\w+)\s+)?\{(\w+)\}", sub, template)
+    text = re.sub(r"(?:\b(\w+)\s+)?(['\"]?)\{(\w+)\}\2", sub, template)
     return re.sub(r"\s*\([^()]*\{\w+\}[^()]*\)", "", text)  # optional parameters the plan left unbound
 
 
@@ -295,17 +300,22 @@ def build_task(
     specs = env.specs
     index = {s.id: i for i, s in enumerate(steps)}
     # private information: identifying literals the user knows but does not say up front
+    # Decided once per value: a value the user keeps private is never stated, whichever step uses it.
     private_info: dict[str, Any] = {}
+    key_of: dict[str, str | None] = {}  # value -> private_info key, or None once decided public
     private: dict[str, list[str]] = {s.id: [] for s in steps}
     for s in steps:
         for param, value in s.args.items():
             identifying = is_id(param) or param == "email"  # a new value (a city to move to) is the request itself
             if isinstance(value, dict) or not identifying or not isinstance(value, str):
                 continue
-            if param in private_info or rng.random() >= config.private_share:
-                continue
-            private_info[param] = value
-            private[s.id].append(param)
+            if value not in key_of:
+                keep = param not in private_info and rng.random() < config.private_share
+                key_of[value] = param if keep else None
+                if keep:
+                    private_info[param] = value
+            if key_of[value] is not None:
+                private[s.id].append(param)
     # one request per state change: the user asks for one thing at a time
     requests_of: dict[str, int] = {}
     req = 0
@@ -341,7 +351,8 @@ def build_task(
                     where = f"{what} #{path[pos] + 1} of step {k}"
                 rendered[param] = ("ref", f"the {noun(param)} from {where}")
             elif param in private[s.id]:
-                rendered[param] = ("private", f"my {noun(param)}{' id' if is_id(param) else ''}")
+                key = key_of[value]
+                rendered[param] = ("private", f"my {noun(key)}{' id' if is_id(key) else ''}")
             elif is_id(param) or param in ("email",):
                 rendered[param] = ("literal", f"{noun(param)} {value}")
             else:

@@ -90,7 +90,7 @@ class Table:
         error = jsonschema.exceptions.best_match(self.validator.iter_errors(row))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "(record)"
-            key = row.get("task_id") or row.get("trajectory_id") or row.get("name") or "?"
+            key = next((row[k] for k in ("verdict_id", "trajectory_id", "task_id", "name") if row.get(k)), "?")
             raise ValueError(f"{self.name} record {key!r}: field {where}: {error.message}")
 
     def to_arrow(self, rows: list[dict[str, Any]], *, validate: bool = True) -> pa.Table:
@@ -107,7 +107,7 @@ class Table:
         return table.replace_schema_metadata({b"synthloop.table": self.name.encode(), b"synthloop.version": str(self.version).encode()})
 
     def from_arrow(self, table: pa.Table) -> list[dict[str, Any]]:
-        rows = table.to_pylist()
+        rows = table.to_pylist(maps_as_pydicts="strict")
         for row in rows:
             for key in self.json_fields:
                 if key in row and isinstance(row[key], str):

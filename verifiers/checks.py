@@ -23,30 +23,49 @@ from verifiers.sandbox import SandboxLimits, run_check
 # different order, while a long name or title may differ in punctuation or spacing.
 FUZZY_MIN_LEN = 8
 FUZZY_THRESHOLD = 90.0
-_NUMBER = re.compile(r"(?<![\w.\-])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w])")
+# A number standing alone: not part of an id (O0041), a date (2026-01-15) or a time of day (10:30).
+_NUMBER = re.compile(r"(?<![\w.\-:/])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w:/]|\.\d|-\d)")
 
 
 def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^\w@.\- ]", " ", text.lower())).strip()
 
 
-def answer_found(expected: Any, text: str) -> bool:
-    """Whether ``expected`` is stated in ``text`` (numbers with tolerance, strings normalised or fuzzy)."""
+def _occurrences(expected: Any, text: str) -> int:
+    """How many times ``expected`` is stated in ``text`` (numbers with tolerance, strings normalised or fuzzy)."""
+    have = normalise(text)
     if isinstance(expected, bool):
-        return ("yes" if expected else "no") in normalise(text) or str(expected).lower() in normalise(text)
+        words = ("yes", "true") if expected else ("no", "false")
+        return sum(len(re.findall(rf"\b{w}\b", have)) for w in words)
     if isinstance(expected, (int, float)):
-        for token in _NUMBER.findall(text):
-            value = float(token.replace(",", ""))
-            if abs(value - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9:
-                return True
-        return False
-    want, have = normalise(str(expected)), normalise(text)
-    if want in have:
-        return True
+        values = (float(t.replace(",", "")) for t in _NUMBER.findall(text))
+        return sum(1 for v in values if abs(v - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9)
+    want = normalise(str(expected))
+    if not want:
+        return 0
+    found = len(re.findall(rf"(?<![\w@.\-]){re.escape(want)}(?![\w@\-]|\.\w)", have))
+    if found:
+        return found
     looks_like_id = bool(re.fullmatch(r"[\w@.\-]+", want)) and any(c.isdigit() for c in want)
     if len(want) >= FUZZY_MIN_LEN and not looks_like_id:
-        return fuzz.partial_ratio(want, have) >= FUZZY_THRESHOLD
-    return False
+        return int(fuzz.partial_ratio(want, have) >= FUZZY_THRESHOLD)
+    return 0
+
+
+def answer_found(expected: Any, text: str) -> bool:
+    """Whether ``expected`` is stated in ``text``."""
+    return _occurrences(expected, text) > 0
+
+
+def missing_answers(expected: list[Any], text: str) -> list[Any]:
+    """Expected values not stated; a value expected twice (two counts that are both 3) must be stated twice."""
+    missing, need = [], {}
+    for value in expected:
+        key = json.dumps(value, sort_keys=True, default=str)
+        need[key] = need.get(key, 0) + 1
+        if _occurrences(value, text) < need[key]:
+            missing.append(value)
+    return missing
 
 
 def _parse_calls(trajectory: Trajectory) -> list[tuple[str | None, Any, str | None]]:
@@ -91,6 +110,17 @@ def verify(
         sandbox_limits: Limits for checks expressed as code.
     """
     start = time.perf_counter()
+    if env.initial_state_hash != task.initial_state_hash:
+        # The environment's code or data generator changed since the task was made: its expectations no
+        # longer describe this environment, so no verdict about the trajectory can be trusted.
+        return Verdict(
+            verdict_id=f"{trajectory.trajectory_id}/v", trajectory_id=trajectory.trajectory_id, task_id=task.task_id,
+            run_id=task.run_id, batch=task.batch, control=trajectory.role, expected_pass=expected_pass, passed=False,
+            components=[CheckResult("environment", False, 0.0, "initial state hash differs from the task's")],
+            error=f"verifier error: environment drift ({task.domain} seed {task.env_seed}: "
+                  f"{env.initial_state_hash} != {task.initial_state_hash})",
+            duration_s=round(time.perf_counter() - start, 6),
+        )
     checks = {c["name"]: c for c in task.verifier["checks"]}
     calls = _parse_calls(trajectory)
     replay = env.fork()
@@ -131,7 +161,7 @@ def verify(
     )
     if "answer" in checks:
         expected = checks["answer"]["expected"]
-        missing = [e for e in expected if not answer_found(e, answer_text)]
+        missing = missing_answers(expected, answer_text)
         components.append(CheckResult("answer", not missing, _ratio(len(expected) - len(missing), len(expected)),
                                       f"not stated: {missing}" if missing else ""))
 

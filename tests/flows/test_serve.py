@@ -1,0 +1,73 @@
+"""`synthloop serve` registers the deployments on a real Prefect server; a run triggered through the API
+completes and writes shards; the UI is served and lists the deployment through its API."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from storage import Corpus
+from tests.conftest import REPO, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+
+def wait_for(fn, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
+    api = prefect_server
+    corpus = tmp_path / "corpus"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "serve", "--n-tasks", "40", "--batch-size", "20",
+         "--run-name", "served", "--corpus", str(corpus), "--cron", "0 3 * * *"],
+        cwd=REPO, env=subprocess_env(api), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        def deployment():
+            r = httpx.post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": ["default"]}}})
+            return r.json() if r.status_code == 200 and r.json() else None
+
+        found = wait_for(deployment, 120, "the deployment to be registered")[0]
+        assert found["schedules"] and found["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
+        flow = httpx.get(f"{api}/flows/{found['flow_id']}").json()
+        assert flow["name"] == "synthesize"
+        # the UI renders the form from the parameter schema: the config's fields carry their documentation
+        config_schema = found["parameter_openapi_schema"]["definitions"]["SynthesizeConfig"]["properties"]
+        assert "description" in config_schema["n_tasks"]
+
+        run = httpx.post(f"{api}/deployments/{found['id']}/create_flow_run", json={}).json()
+        final = wait_for(
+            lambda: (s := httpx.get(f"{api}/flow_runs/{run['id']}").json()["state"])["type"]
+            in ("COMPLETED", "FAILED", "CRASHED") and s,
+            240, "the triggered run to finish",
+        )
+        assert final["type"] == "COMPLETED", final
+        shards = sorted(p.name for p in (corpus / "tasks").rglob("*.parquet"))
+        assert shards == ["batch-00000.parquet", "batch-00001.parquet"]
+        con = Corpus(corpus).connect()
+        assert con.execute("SELECT count(*) FROM tasks").fetchone()[0] == 40
+
+        ui = api.removesuffix("/api")
+        page = httpx.get(ui)  # the single-page UI; it routes /deployments itself, client-side
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        counts = httpx.post(f"{api}/ui/flows/count-deployments", json={"flow_ids": [found["flow_id"]]})
+        assert counts.status_code == 200 and counts.json() == {found["flow_id"]: 1}  # what the flows page shows
+    finally:
+        serve.send_signal(signal.SIGINT)
+        try:
+            serve.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            serve.kill()

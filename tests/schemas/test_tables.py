@@ -1,0 +1,209 @@
+"""The on-disk tables: each table's JSON Schema, its Arrow schema, and the row ↔ Arrow ↔ Parquet conversion.
+
+Specified here:
+* every table's JSON Schema is itself a valid draft 2020-12 schema;
+* a valid row of every table survives row → Arrow (with the table's exact schema) → Parquet file → rows,
+  JSON-text fields decoded back to the same Python values;
+* an invalid row is refused with a ``ValueError`` that names the table, the record's own key and the
+  offending field;
+* ``Task.from_row`` inverts ``Task.to_row`` (also for a row read back from Parquet).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonschema
+import pyarrow.parquet as pq
+import pytest
+
+from flows.pipeline import catalog_rows, run_batch
+from generators.config import SynthesizeConfig
+from schemas import SCHEMA_VERSION, TABLES, Task
+
+# Keys of the OpenAI message struct that a message may omit; Arrow stores an omitted key as null.
+_OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")
+# The key that identifies one record of each table.
+_RECORD_KEY = {"tasks": "task_id", "trajectories": "trajectory_id", "verdicts": "verdict_id", "tools": "name"}
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, list[dict[str, Any]]]:
+    """Real rows of every table: one small synthesis batch plus the catalog of all built-in domains."""
+    result = run_batch(SynthesizeConfig(n_tasks=8, batch_size=8), 0)
+    tables = dict(result.tables)
+    tables.update(catalog_rows(["retail", "calendar", "banking", "files"]))
+    assert set(tables) == set(TABLES)
+    for name, table_rows in tables.items():
+        assert table_rows, f"no {name} rows to test with"
+    return tables
+
+
+def _with_null_message_keys(row: dict[str, Any]) -> dict[str, Any]:
+    """A trajectory row with omitted optional message keys written as null (what the Arrow struct stores)."""
+    row = copy.deepcopy(row)
+    for message in row["messages"]:
+        for key in _OPTIONAL_MESSAGE_KEYS:
+            message.setdefault(key, None)
+    return row
+
+
+# --- the schemas themselves ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_json_schema_is_a_valid_draft_2020_12_schema(name: str) -> None:
+    jsonschema.Draft202012Validator.check_schema(TABLES[name].json_schema)
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_arrow_schema_has_a_column_per_json_schema_property(name: str) -> None:
+    """The JSON Schema (logical record) and the Arrow schema (storage) describe the same fields."""
+    table = TABLES[name]
+    assert set(table.json_schema["properties"]) == set(table.arrow_schema.names)
+    assert set(table.json_fields) <= set(table.arrow_schema.names)
+
+
+# --- round trip -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_valid_rows_round_trip_through_arrow_and_parquet(name: str, rows, tmp_path) -> None:
+    """row → Arrow (exact schema) → Parquet → rows gives back the input, JSON fields decoded."""
+    table = TABLES[name]
+    original = rows[name][:5]
+    for row in original:
+        table.validate(row)  # the fixture rows are valid to begin with
+
+    arrow = table.to_arrow(original)
+    assert arrow.schema.equals(table.arrow_schema), f"{name}: Arrow schema differs from the table's schema"
+    assert arrow.schema.metadata[b"synthloop.table"] == name.encode()
+    assert arrow.schema.metadata[b"synthloop.version"] == str(SCHEMA_VERSION).encode()
+    for field in table.json_fields:  # stored as JSON text, so one Arrow schema fits every domain
+        assert all(isinstance(v, str) for v in arrow.column(field).to_pylist())
+
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(arrow, path)
+    read = pq.read_table(path)
+    assert read.schema.equals(table.arrow_schema)
+    back = table.from_arrow(read)
+
+    expected = [_with_null_message_keys(r) if name == "trajectories" else r for r in original]
+    assert len(back) == len(expected)
+    for want, got in zip(expected, back):
+        assert got == want, f"{name} row {want.get(_RECORD_KEY.get(name, 'domain'))!r} changed in the round trip"
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_rows_read_back_from_parquet_are_valid_rows_again(name: str, rows, tmp_path) -> None:
+    """What a reader gets back can be validated and written again (e.g. copied into another corpus)."""
+    table = TABLES[name]
+    path = tmp_path / f"{name}.parquet"
+    pq.write_table(table.to_arrow(rows[name][:3]), path)
+    back = table.from_arrow(pq.read_table(path))
+    for row in back:
+        table.validate(row)
+    table.to_arrow(back)
+
+
+def test_trajectory_messages_keep_tool_calls_through_parquet(rows, tmp_path) -> None:
+    """Nested OpenAI tool calls (id, type, function name and JSON arguments) survive the struct columns."""
+    table = TABLES["trajectories"]
+    with_calls = [r for r in rows["trajectories"] if any(m.get("tool_calls") for m in r["messages"])][:3]
+    assert with_calls
+    path = tmp_path / "t.parquet"
+    pq.write_table(table.to_arrow(with_calls), path)
+    for want, got in zip(with_calls, table.from_arrow(pq.read_table(path))):
+        want_calls = [c for m in want["messages"] for c in m.get("tool_calls") or []]
+        got_calls = [c for m in got["messages"] for c in m["tool_calls"] or []]
+        assert got_calls == want_calls
+        assert all(json.loads(c["function"]["arguments"]) is not None for c in got_calls)
+
+
+# --- invalid rows ---------------------------------------------------------------------------------------------
+
+
+def _raises(name: str, row: dict[str, Any]) -> str:
+    with pytest.raises(ValueError) as info:
+        TABLES[name].validate(row)
+    message = str(info.value)
+    assert message.startswith(f"{name} record "), message
+    return message
+
+
+def test_task_with_depth_zero_names_table_task_and_field(rows) -> None:
+    row = copy.deepcopy(rows["tasks"][0])
+    row["signature"]["depth"] = 0
+    message = _raises("tasks", row)
+    assert repr(row["task_id"]) in message
+    assert "signature/depth" in message
+    # and the batch writer refuses it the same way
+    with pytest.raises(ValueError, match="signature/depth"):
+        TABLES["tasks"].to_arrow([rows["tasks"][0], row])
+
+
+def test_trajectory_message_with_unknown_role_names_table_trajectory_and_field(rows) -> None:
+    row = copy.deepcopy(rows["trajectories"][0])
+    row["messages"][1]["role"] = "robot"
+    message = _raises("trajectories", row)
+    assert "messages/1/role" in message
+    assert "robot" in message
+    # a task has several trajectories (reference and controls): the message must say which one
+    assert repr(row["trajectory_id"]) in message, message
+
+
+def test_verdict_without_components_names_table_verdict_and_field(rows) -> None:
+    row = copy.deepcopy(rows["verdicts"][0])
+    del row["components"]
+    message = _raises("verdicts", row)
+    assert "components" in message
+    # a task has several verdicts (one per trajectory): the message must say which one
+    assert repr(row["verdict_id"]) in message, message
+
+
+@pytest.mark.parametrize(
+    "name, mutate, field",
+    [
+        ("tools", lambda r: r.update(name="has space"), "name"),
+        ("tools", lambda r: r["parameters"].update(type="array"), "parameters/type"),
+        ("tool_edges", lambda r: r.update(kind="guess"), "kind"),
+        ("environments", lambda r: r["row_counts"].update(orders="many"), "row_counts/orders"),
+        ("tasks", lambda r: r.update(requests=[]), "requests"),
+        ("tasks", lambda r: r["signature"].update(topology="tree"), "signature/topology"),
+        ("tasks", lambda r: r.update(reference_plan=[{"id": "s0", "tool": "x"}]), "reference_plan/0"),
+        ("trajectories", lambda r: r["metadata"].update(n_turns="3"), "metadata/n_turns"),
+        ("verdicts", lambda r: r["components"].append({"name": "x", "passed": "yes", "score": 1.0, "detail": ""}),
+         "components/"),
+        ("verdicts", lambda r: r.update(unexpected=1), "(record)"),
+    ],
+)
+def test_invalid_rows_are_refused_with_the_field_path(rows, name, mutate, field) -> None:
+    row = copy.deepcopy(rows[name][0])
+    mutate(row)
+    assert field in _raises(name, row)
+
+
+# --- Task records ---------------------------------------------------------------------------------------------
+
+
+def test_task_from_row_inverts_to_row(rows) -> None:
+    for row in rows["tasks"]:
+        task = Task.from_row(row)
+        assert task.to_row() == row
+        assert Task.from_row(task.to_row()) == task
+
+
+def test_task_from_row_accepts_a_row_read_back_from_parquet(rows, tmp_path) -> None:
+    """Both decoded rows and raw Parquet rows (JSON fields still text) give the same Task."""
+    table = TABLES["tasks"]
+    path = tmp_path / "tasks.parquet"
+    pq.write_table(table.to_arrow(rows["tasks"]), path)
+    raw = pq.read_table(path).to_pylist()
+    decoded = table.from_arrow(pq.read_table(path))
+    for original, r, d in zip(rows["tasks"], raw, decoded):
+        want = Task.from_row(original)
+        assert Task.from_row(r) == want
+        assert Task.from_row(d) == want
+        assert all(hasattr(step, "depends_on") for step in want.reference_plan)

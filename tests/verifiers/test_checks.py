@@ -1,0 +1,442 @@
+"""Per-instance verification (``verifiers.checks``): answer matching and the component-wise verdict.
+
+Specified here:
+* ``answer_found`` compares numbers by value (tolerance, thousands separators), identifiers exactly, long
+  strings fuzzily, and never reads a number out of an id, a date or a time;
+* the reference trajectory of a sampled task passes with every component passed;
+* every negative control fails, on the component that its fault breaks;
+* the verdict comes from replaying the calls, not from the tool results written in the transcript;
+* malformed tool calls give failed format / schema / execution components, never an exception;
+* a code check that reads /etc/passwd yields a failed verdict with a "forbidden" verifier error, and
+  verification keeps working afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import random
+from typing import Any
+
+import pytest
+
+from envs import DOMAINS, Environment
+from flows.pipeline import domain_graph
+from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.config import SamplingConfig
+from generators.tasks import PlanSampler, _Step, build_task, code_check_source
+from schemas import TABLES, Task, Trajectory, Verdict
+from verifiers.checks import answer_found, verify
+from verifiers.controls import make_controls
+
+DOMAIN_NAMES = sorted(DOMAINS)
+COMPONENTS = ["format", "schema", "execution", "state_diff", "answer", "constraints"]
+
+
+# --- answer_found -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "expected, text",
+    [
+        (42, "There are 42 results."),
+        (42, "42.0"),
+        (1234.5, "The total is 1,234.50 EUR"),
+        (1234567, "1,234,567"),
+        (0.1 + 0.2, "0.3"),
+        (19.99, "price: 19.99."),
+        (-5, "a change of -5"),
+        (300.0, "daily limit: 300"),
+    ],
+)
+def test_numbers_are_found_by_value(expected: float, text: str) -> None:
+    assert answer_found(expected, text)
+
+
+@pytest.mark.parametrize(
+    "expected, text",
+    [
+        (19.99, "about 20"),
+        (5, "a change of -5"),
+        (1234, "1,234.5"),
+        (7, "no numbers here"),
+    ],
+)
+def test_different_numbers_are_not_found(expected: float, text: str) -> None:
+    assert not answer_found(expected, text)
+
+
+@pytest.mark.parametrize(
+    "expected, text",
+    [
+        (41, "Order O0041 is cancelled."),
+        (1, "Customer C0001."),
+        (15, "It is on 2026-01-15."),
+        (1, "It is on 2026-01-15."),
+        (4, "IBAN PT50-0004"),
+        (3, "file report_v3.txt"),
+    ],
+    ids=["order-id", "customer-id", "day-of-date", "month-of-date", "id-after-dash", "version-in-name"],
+)
+def test_ids_and_dates_do_not_yield_numbers(expected: int, text: str) -> None:
+    assert not answer_found(expected, text)
+
+
+@pytest.mark.parametrize("expected, text", [(10, "The meeting starts at 10:00."), (30, "It starts at 09:30.")])
+def test_times_do_not_yield_numbers(expected: int, text: str) -> None:
+    """A time of day is not a count: "10:00" must not answer "how many results" = 10."""
+    assert not answer_found(expected, text)
+
+
+def test_ids_must_match_exactly() -> None:
+    assert answer_found("O0041", "Your order O0041 is on its way.")
+    assert answer_found("O0041", "order o0041")  # case does not matter
+    assert not answer_found("O0041", "Your order O0042 is on its way.")
+    assert not answer_found("C0001", "customer C0010")
+    assert not answer_found("ana.silva1@example.com", "ana.silva2@example.com")
+
+
+def test_an_id_inside_a_longer_id_is_not_the_id() -> None:
+    assert not answer_found("O0041", "Your order O00411 is on its way.")
+
+
+@pytest.mark.parametrize(
+    "expected, text, found",
+    [
+        ("Blue Kettle", "You bought a blue kettle!", True),
+        ("Blue Kettle", "BLUE-KETTLE", True),
+        ("Hiring debrief", "The event 'Hiring  debrief' was moved.", True),
+        ("Quarterly update", "the quarterly updates", True),
+        ("Blue Kettle", "You bought a red kettle.", False),
+        ("meeting_notes.txt", "renamed to meeting notes.txt", True),
+        ("cancelled", "Status: Cancelled.", True),
+        ("09:30", "It now starts at 09:30.", True),
+        ("2026-01-20", "moved to 2026-01-20", True),
+        ("2026-01-20", "moved to 2026-01-21", False),
+    ],
+)
+def test_strings_are_normalised_and_long_ones_fuzzy(expected: str, text: str, found: bool) -> None:
+    assert answer_found(expected, text) is found
+
+
+@pytest.mark.parametrize("expected, text", [(False, "I know nothing about that now."), (True, "Done yesterday.")])
+def test_booleans_need_a_yes_or_no_word(expected: bool, text: str) -> None:
+    """``no`` inside "know"/"now"/"nothing" (or ``yes`` inside "yesterday") does not state a boolean."""
+    assert not answer_found(expected, text)
+
+
+def test_booleans_are_found_as_words() -> None:
+    assert answer_found(True, "Yes, it is frozen.")
+    assert answer_found(False, "No, it is not.")
+    assert answer_found(False, "frozen: false")
+
+
+# --- fixtures -----------------------------------------------------------------------------------------------------
+
+
+def _sample_tasks(env: Environment, n: int, seed: int) -> list[tuple[Task, random.Random]]:
+    cfg = SamplingConfig()
+    sampler = PlanSampler(env, domain_graph(env.domain_cls.name), cfg)
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{seed}/{i}")
+        sampled = sampler.sample(rng)
+        if sampled is None:
+            continue
+        task = build_task(env=env, work=sampled[0], steps=sampled[1], initial=sampled[2], rng=rng, config=cfg,
+                          task_id=f"{env.domain_cls.name}-{i}", run_id="test", batch=0, sampler_seed=i)
+        if task is not None:
+            out.append((task, rng))
+    return out
+
+
+@dataclasses.dataclass
+class Case:
+    env: Environment
+    task: Task
+    reference: Trajectory
+    reference_env: Environment  # in the state the reference left
+    controls: list[tuple[dict[str, Any], Trajectory]]
+
+
+def _case(env: Environment, task: Task, rng: random.Random) -> Case:
+    """Reference and negative controls, as ``flows.pipeline.run_batch`` produces them."""
+    ref_env = env.fork()
+    reference = run_episode(task, ScriptedUser(task), OracleAssistant(task), ref_env, role="reference",
+                            trajectory_id=f"{task.task_id}-reference")
+    controls = []
+    for spec in make_controls(task, env, ref_env, rng):
+        fault = Fault(**spec)
+        traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(), role=fault.kind,
+                           trajectory_id=f"{task.task_id}-{fault.kind}")
+        controls.append((spec, traj))
+    return Case(env, task, reference, ref_env, controls)
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, list[Case]]:
+    out = {}
+    for d in DOMAIN_NAMES:
+        env = Environment(DOMAINS[d], 0)
+        out[d] = [_case(env, t, rng) for t, rng in _sample_tasks(env, 12, seed=17)]
+        assert len(out[d]) >= 6
+    return out
+
+
+def _failed(verdict: Verdict) -> set[str]:
+    return {c.name for c in verdict.components if not c.passed}
+
+
+def _with_calls(task: Task, calls: list[Any], answer: str = "All done.") -> Trajectory:
+    """A hand-made trajectory: the first request, one assistant message with ``calls``, then a final answer."""
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": task.requests[0]},
+                {"role": "assistant", "content": "", "tool_calls": calls}]
+    messages += [{"role": "tool", "tool_call_id": f"c{i}", "name": "x", "content": "{}"} for i in range(len(calls))]
+    messages.append({"role": "assistant", "content": answer})
+    return Trajectory("hand", task.task_id, task.run_id, task.batch, "rollout", messages, [], {})
+
+
+# --- the reference passes -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_reference_trajectory_passes_every_component(domain: str, cases) -> None:
+    for case in cases[domain]:
+        before = case.env.state_hash()
+        verdict = verify(case.task, case.reference, case.env)
+        assert verdict.passed, f"{case.task.task_id}: {[(c.name, c.detail) for c in verdict.components if not c.passed]}"
+        assert [c.name for c in verdict.components] == COMPONENTS
+        assert all(c.passed and c.score == 1.0 for c in verdict.components)
+        assert verdict.score == 1.0 and verdict.error is None
+        assert (verdict.control, verdict.expected_pass, verdict.task_id) == ("reference", True, case.task.task_id)
+        assert case.env.state_hash() == before  # verification replays on a copy
+        TABLES["verdicts"].validate(verdict.to_row())
+
+
+# --- negative controls fail, on the right component ---------------------------------------------------------------
+
+
+def _control_verdicts(cases, domain: str, kind: str):
+    for case in cases[domain]:
+        for spec, traj in case.controls:
+            if spec["kind"] == kind:
+                verdict = verify(case.task, traj, case.env, expected_pass=False)
+                assert verdict.control == kind and verdict.expected_pass is False
+                yield case, spec, verdict
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+@pytest.mark.parametrize("kind", ["no_op", "refusal"])
+def test_doing_nothing_fails_the_answer_and_any_expected_write(domain: str, kind: str, cases) -> None:
+    n = 0
+    for case, _, verdict in _control_verdicts(cases, domain, kind):
+        n += 1
+        assert not verdict.passed
+        assert "answer" in _failed(verdict)
+        if case.task.expected_diff:
+            assert "state_diff" in _failed(verdict)
+        assert {"format", "schema", "execution"}.isdisjoint(_failed(verdict))  # no calls: nothing malformed
+    assert n == len(cases[domain])
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_extra_write_fails_state_diff_and_constraints(domain: str, cases) -> None:
+    n = 0
+    for case, spec, verdict in _control_verdicts(cases, domain, "extra_write"):
+        n += 1
+        assert not verdict.passed
+        assert {"state_diff", "constraints"} <= _failed(verdict), (case.task.task_id, spec, verdict.components)
+        assert "answer" not in _failed(verdict)  # it did everything asked, and more
+    assert n > 0
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_missing_step_fails_the_answer_or_the_state_diff(domain: str, cases) -> None:
+    n = 0
+    for case, spec, verdict in _control_verdicts(cases, domain, "missing_step"):
+        n += 1
+        assert _failed(verdict) & {"answer", "state_diff"}, (case.task.task_id, spec, case.task.expected_answer)
+    assert n == len(cases[domain])
+
+
+def test_an_answer_expected_twice_must_be_stated_twice() -> None:
+    """Two sinks that happen to return the same count: reporting one of them does not answer both."""
+    env = Environment(DOMAINS["retail"], 0)
+    counts: dict[int, list[str]] = {}
+    for cid in env.candidates("customer_id"):
+        counts.setdefault(len(env.execute("list_orders", {"customer_id": cid})[0]), []).append(cid)
+    count, (a, b, *_) = next((k, v) for k, v in sorted(counts.items()) if len(v) >= 2 and k > 0)
+    work, initial = env.fork(), env.rows()
+    steps = [_Step(f"s{i}", "list_orders", {"customer_id": c}, {"customer_id": c},
+                   work.execute("list_orders", {"customer_id": c})[0], 0) for i, c in enumerate((a, b))]
+    task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
+                      config=SamplingConfig(private_share=0.0), task_id="twice", run_id="test", batch=0, sampler_seed=0)
+    assert task.expected_answer == [count, count]
+    skipped = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=Fault(kind="missing_step", step="s1")),
+                          env.fork(), role="missing_step", trajectory_id="t")
+    assert len(skipped.tool_calls) == 1
+    verdict = verify(task, skipped, env, expected_pass=False)
+    assert not verdict.passed, f"one count reported for two requested: {skipped.final_answer!r}"
+    assert "answer" in _failed(verdict)
+
+
+# --- the replay, not the transcript, decides ------------------------------------------------------------------------
+
+
+def _first_write(case: Case) -> tuple[int, int, str] | None:
+    """(message index, call index, id parameter) of the reference's first call of a state-changing tool."""
+    for i, m in enumerate(case.reference.messages):
+        for j, call in enumerate(m.get("tool_calls") or []):
+            if case.env.specs[call["function"]["name"]].mutates:
+                args = json.loads(call["function"]["arguments"])
+                param = next((p for p, v in args.items() if p.endswith("_id") and isinstance(v, str)), None)
+                if param:
+                    return i, j, param
+    return None
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_forged_tool_results_do_not_change_the_verdict(domain: str, cases) -> None:
+    n = 0
+    for case in cases[domain]:
+        where = _first_write(case)
+        if where is None:
+            continue
+        i, j, param = where
+        # the call really fails (unknown id) ...
+        honest = copy.deepcopy(case.reference)
+        call = honest.messages[i]["tool_calls"][j]
+        args = json.loads(call["function"]["arguments"])
+        args[param] = "X9999"
+        call["function"]["arguments"] = json.dumps(args)
+        tool_msg = next(m for m in honest.messages if m.get("tool_call_id") == call["id"])
+        tool_msg["content"] = json.dumps({"error": "not found"})
+        # ... but the forged transcript claims the original success
+        forged = copy.deepcopy(honest)
+        next(m for m in forged.messages if m.get("tool_call_id") == call["id"])["content"] = \
+            next(m for m in case.reference.messages if m.get("tool_call_id") == call["id"])["content"]
+        v_honest, v_forged = verify(case.task, honest, case.env), verify(case.task, forged, case.env)
+        assert not v_forged.passed
+        assert {"execution", "state_diff"} <= _failed(v_forged)
+        assert [dataclasses.astuple(c) for c in v_forged.components] == [dataclasses.astuple(c) for c in v_honest.components]
+        n += 1
+    assert n > 0
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_a_real_trajectory_passes_whatever_its_tool_messages_say(domain: str, cases) -> None:
+    for case in cases[domain][:4]:
+        scrambled = copy.deepcopy(case.reference)
+        for m in scrambled.messages:
+            if m["role"] == "tool":
+                m["content"] = json.dumps({"error": "tool crashed"})
+        assert verify(case.task, scrambled, case.env).passed
+
+
+def test_a_claimed_write_without_a_call_does_not_count(cases) -> None:
+    """A no-op whose transcript shows a tool message (with no call behind it) still fails like the no-op."""
+    case = next(c for c in cases["retail"] if c.task.expected_diff)
+    no_op = next(t for s, t in case.controls if s["kind"] == "no_op")
+    forged = copy.deepcopy(no_op)
+    ref_tool_msgs = [m for m in case.reference.messages if m["role"] == "tool"]
+    forged.messages[2:2] = ref_tool_msgs
+    forged.messages.append({"role": "assistant", "content": case.reference.final_answer})
+    verdict = verify(case.task, forged, case.env, expected_pass=False)
+    assert not verdict.passed and "state_diff" in _failed(verdict)
+
+
+# --- malformed calls ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def retail_task(cases) -> Case:
+    return cases["retail"][0]
+
+
+def _fn(name: Any, arguments: Any, i: int = 0) -> dict[str, Any]:
+    return {"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+@pytest.mark.parametrize(
+    "call, failing, detail",
+    [
+        (_fn("get_order", "{not json"), {"format", "execution"}, "not valid JSON"),
+        (_fn("get_order", "[1, 2]"), {"format", "execution"}, "not a JSON object"),
+        (_fn("get_order", {"order_id": "O0001"}), {"format", "execution"}, "not valid JSON"),
+        ({"id": "c0", "type": "function", "function": {"arguments": "{}"}}, {"format", "execution"}, "without a function name"),
+        ({"id": "c0", "type": "function", "function": {"name": "", "arguments": "{}"}}, {"format", "execution"}, "without a function name"),
+        ({"id": "c0", "type": "function"}, {"format", "execution"}, "without a function name"),
+        ("get_order", {"format", "execution"}, "without a function name"),
+        (_fn("launch_rocket", "{}"), {"schema", "execution"}, "Unknown tool"),
+        (_fn("get_order", '{"order_id": 41}'), {"schema", "execution"}, "order_id"),
+        (_fn("get_order", "{}"), {"schema", "execution"}, "order_id"),
+        (_fn("get_order", '{"order_id": "O0001", "verbose": true}'), {"schema", "execution"}, "verbose"),
+        (_fn("get_order", '{"order_id": "O9999"}'), {"execution"}, "Order not found"),
+    ],
+    ids=["bad-json", "json-list", "args-as-dict", "no-name", "empty-name", "no-function", "call-is-a-string",
+         "unknown-tool", "wrong-type", "missing-required", "extra-arg", "failing-call"],
+)
+def test_malformed_calls_fail_components_without_raising(retail_task: Case, call, failing: set[str], detail: str) -> None:
+    task = retail_task.task
+    verdict = verify(task, _with_calls(task, [call]), retail_task.env)
+    assert not verdict.passed
+    assert failing <= _failed(verdict)
+    assert {"format", "schema", "execution"} & _failed(verdict) == failing
+    by_name = {c.name: c for c in verdict.components}
+    assert any(detail in by_name[name].detail for name in failing), [(c.name, c.detail) for c in verdict.components]
+    assert all(by_name[name].score == 0.0 for name in failing)
+    assert verdict.error is None
+
+
+def test_component_scores_are_the_share_of_good_calls(retail_task: Case) -> None:
+    task = retail_task.task
+    calls = [_fn("get_order", '{"order_id": "O0001"}', 0), _fn("get_order", "{oops", 1),
+             _fn("get_order", '{"order_id": 1}', 2), _fn("get_order", '{"order_id": "O0002"}', 3)]
+    by_name = {c.name: c for c in verify(task, _with_calls(task, calls), retail_task.env).components}
+    assert by_name["format"].score == pytest.approx(3 / 4)
+    assert by_name["schema"].score == pytest.approx(2 / 3)
+    assert by_name["execution"].score == pytest.approx(2 / 4)
+
+
+def test_too_many_calls_break_the_call_budget(retail_task: Case) -> None:
+    task = retail_task.task
+    budget = next(r["value"] for r in task.constraints if r["kind"] == "max_calls")
+    calls = [_fn("get_order", '{"order_id": "O0001"}', i) for i in range(budget + 1)]
+    verdict = verify(task, _with_calls(task, calls), retail_task.env)
+    assert f"{budget + 1} calls > {budget}" in {c.name: c for c in verdict.components}["constraints"].detail
+
+
+# --- code checks run sandboxed --------------------------------------------------------------------------------------
+
+
+def _with_code(task: Task, source: str) -> Task:
+    verifier = copy.deepcopy(task.verifier)
+    verifier["checks"].append({"name": "code", "source": source, "entrypoint": "check"})
+    return dataclasses.replace(task, verifier=verifier)
+
+
+def test_a_hostile_code_check_gives_a_failed_verdict_and_verification_goes_on(cases) -> None:
+    case = cases["retail"][0]
+    hostile = _with_code(case.task, "def check(payload):\n    return {'passed': 'root' in open('/etc/passwd').read()}\n")
+    verdict = verify(hostile, case.reference, case.env)
+    assert verdict.passed is False
+    assert verdict.error is not None and verdict.error.startswith("verifier error: forbidden"), verdict.error
+    code = verdict.components[-1]
+    assert code.name == "code" and not code.passed and "root:" not in code.detail
+    assert all(c.passed for c in verdict.components[:-1])  # the other components are still computed
+    TABLES["verdicts"].validate(verdict.to_row())
+
+    # the next verification, in the same process, works as usual
+    after = verify(case.task, case.reference, case.env)
+    assert after.passed and after.error is None
+
+
+def test_a_generated_code_check_passes_the_reference_and_rejects_the_no_op(cases) -> None:
+    case = next(c for d in DOMAIN_NAMES for c in cases[d] if code_check_source(c.task.expected_diff, c.task.expected_answer))
+    task = _with_code(case.task, code_check_source(case.task.expected_diff, case.task.expected_answer))
+    ref = verify(task, case.reference, case.env)
+    assert ref.passed and ref.components[-1].name == "code" and ref.components[-1].passed
+    no_op = next(t for s, t in case.controls if s["kind"] == "no_op")
+    failed = verify(task, no_op, case.env, expected_pass=False)
+    assert not failed.components[-1].passed and failed.error is None

@@ -1,0 +1,191 @@
+"""Negative controls (``verifiers.controls``): the faults a task's verifier must reject, and acceptance.
+
+Specified here:
+* ``make_controls`` always yields no_op, refusal and missing_step (on a sink of the plan), and every fault
+  it yields is one ``generators.agents.Fault`` accepts;
+* a wrong_argument control changes a literal argument of the plan to a different value of the same kind;
+* an extra_write control is a state-changing call that succeeds on the reference's final state and
+  changes it, and preparing it leaves that state untouched;
+* ``accept`` trusts a verifier only if it passes the reference and rejects every control, and the required
+  controls were all run; its reason says what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from envs import DOMAINS, Environment
+from flows.pipeline import domain_graph
+from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.config import SamplingConfig
+from generators.tasks import PlanSampler, build_task
+from schemas import CheckResult, Task, Verdict
+from verifiers.controls import CONTROL_KINDS, accept, make_controls
+
+DOMAIN_NAMES = sorted(DOMAINS)
+_PY_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+
+
+def _cases(domain: str, n: int = 12, seed: int = 5) -> list[tuple[Environment, Task, Environment, list[dict[str, Any]]]]:
+    """(initial env, task, env after the reference ran, controls) for sampled tasks of one domain."""
+    env = Environment(DOMAINS[domain], 0)
+    cfg = SamplingConfig()
+    sampler = PlanSampler(env, domain_graph(domain), cfg)
+    out = []
+    for i in range(n):
+        rng = random.Random(f"{seed}/{i}")
+        sampled = sampler.sample(rng)
+        if sampled is None:
+            continue
+        task = build_task(env=env, work=sampled[0], steps=sampled[1], initial=sampled[2], rng=rng, config=cfg,
+                          task_id=f"{domain}-{i}", run_id="test", batch=0, sampler_seed=i)
+        if task is None:
+            continue
+        final = env.fork()
+        run_episode(task, ScriptedUser(task), OracleAssistant(task), final, role="reference", trajectory_id="r")
+        assert final.state_hash() == task.final_state_hash
+        before = final.state_hash()
+        controls = make_controls(task, env, final, rng)
+        assert final.state_hash() == before, "make_controls changed the final environment"
+        out.append((env, task, final, controls))
+    assert len(out) >= 6
+    return out
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, list]:
+    return {d: _cases(d) for d in DOMAIN_NAMES}
+
+
+# --- make_controls --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_required_controls_are_always_made(domain: str, cases) -> None:
+    for _, task, _, controls in cases[domain]:
+        kinds = [c["kind"] for c in controls]
+        assert {"no_op", "refusal", "missing_step"} <= set(kinds)
+        assert set(kinds) <= set(CONTROL_KINDS)
+        assert len(kinds) == len(set(kinds)), "one control per kind"
+        for spec in controls:
+            Fault(**spec)  # every spec is a valid fault
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_missing_step_skips_a_sink_of_the_plan(domain: str, cases) -> None:
+    for _, task, _, controls in cases[domain]:
+        (spec,) = [c for c in controls if c["kind"] == "missing_step"]
+        plan_ids = {s.id for s in task.reference_plan}
+        parents = {d for s in task.reference_plan for d in s.depends_on}
+        assert spec["step"] in plan_ids - parents
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_wrong_argument_changes_a_literal_to_another_value(domain: str, cases) -> None:
+    n = 0
+    for env, task, _, controls in cases[domain]:
+        for spec in (c for c in controls if c["kind"] == "wrong_argument"):
+            n += 1
+            step = next(s for s in task.reference_plan if s.id == spec["step"])
+            original = step.args[spec["param"]]
+            assert not isinstance(original, dict), "a value taken from an earlier result is not a literal"
+            assert spec["value"] != original
+            schema = env.specs[step.tool].record.parameters["properties"][spec["param"]]
+            kind = schema["type"][0] if isinstance(schema["type"], list) else schema["type"]
+            assert isinstance(spec["value"], _PY_TYPES[kind]), (spec, schema)
+            if "enum" in schema:
+                assert spec["value"] in schema["enum"]
+    assert n > 0
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_wrong_argument_reaches_the_tool_call(domain: str, cases) -> None:
+    """The faulty oracle really sends the wrong value (the control is not a silent copy of the reference)."""
+    env, task, _, controls = next(c for c in cases[domain] if any(s["kind"] == "wrong_argument" for s in c[3]))
+    spec = next(s for s in controls if s["kind"] == "wrong_argument")
+    traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=Fault(**spec)), env.fork(),
+                       role="wrong_argument", trajectory_id="w")
+    call = next(c for c in traj.tool_calls if c["id"] == f"call_{spec['step']}")
+    assert json.loads(call["function"]["arguments"])[spec["param"]] == spec["value"]
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_extra_write_succeeds_on_the_final_state_and_changes_it(domain: str, cases) -> None:
+    n = 0
+    for env, task, final, controls in cases[domain]:
+        for spec in (c for c in controls if c["kind"] == "extra_write"):
+            n += 1
+            assert env.specs[spec["tool"]].mutates
+            trial = Environment(env.domain_cls, env.seed, _initial=final.snapshot())
+            before = trial.state_hash()
+            _, error = trial.execute(spec["tool"], spec["args"])
+            assert error is None, f"{task.task_id}: extra write {spec} fails: {error}"
+            assert trial.state_hash() != before
+    assert n > 0
+
+
+@pytest.mark.parametrize("domain", DOMAIN_NAMES)
+def test_extra_write_prefers_the_forbidden_tool(domain: str, cases) -> None:
+    """The forbidden tool is tried first, so most extra writes also break the forbidden-tool rule."""
+    with_rule = hits = 0
+    for _, task, _, controls in cases[domain]:
+        forbidden = [r["tool"] for r in task.constraints if r["kind"] == "forbidden_tool"]
+        extra = [c for c in controls if c["kind"] == "extra_write"]
+        if forbidden and extra:
+            with_rule += 1
+            hits += extra[0]["tool"] in forbidden
+    assert with_rule and hits >= with_rule / 2, f"{domain}: {hits} of {with_rule} extra writes use the forbidden tool"
+
+
+def test_make_controls_is_deterministic_given_the_rng(cases) -> None:
+    env, task, final, _ = cases["retail"][0]
+    assert make_controls(task, env, final, random.Random(1)) == make_controls(task, env, final, random.Random(1))
+
+
+# --- accept ---------------------------------------------------------------------------------------------------------
+
+
+def _verdict(control: str, passed: bool, failed: tuple[str, ...] = ()) -> Verdict:
+    names = ["format", "schema", "execution", "state_diff", "answer", "constraints"]
+    components = [CheckResult(n, n not in failed, 0.0 if n in failed else 1.0) for n in names]
+    assert passed == (not failed)
+    return Verdict(f"{control}/v", control, "t", "r", 0, control, control == "reference", passed, components)
+
+
+REF = _verdict("reference", True)
+REQUIRED = [_verdict("no_op", False, ("answer",)), _verdict("refusal", False, ("answer",)),
+            _verdict("missing_step", False, ("state_diff",))]
+
+
+def test_accept_when_reference_passes_and_every_control_fails() -> None:
+    assert accept(REF, REQUIRED) == (True, None)
+    assert accept(REF, REQUIRED + [_verdict("wrong_argument", False, ("answer",)),
+                                   _verdict("extra_write", False, ("constraints",))]) == (True, None)
+
+
+def test_reject_when_the_reference_fails_naming_its_failed_components() -> None:
+    ok, reason = accept(_verdict("reference", False, ("state_diff", "answer")), REQUIRED)
+    assert not ok
+    assert reason == "reference trajectory failed its verifier: state_diff, answer"
+
+
+def test_reject_when_a_control_passes_naming_it() -> None:
+    ok, reason = accept(REF, REQUIRED + [_verdict("wrong_argument", True), _verdict("extra_write", True)])
+    assert not ok
+    assert reason == "verifier accepted negative control(s): wrong_argument, extra_write"
+
+
+@pytest.mark.parametrize("missing", ["no_op", "refusal", "missing_step"])
+def test_reject_when_a_required_control_is_absent(missing: str) -> None:
+    ok, reason = accept(REF, [v for v in REQUIRED if v.control != missing])
+    assert not ok and reason == "required negative controls missing"
+    assert accept(REF, []) == (False, "required negative controls missing")
+
+
+def test_a_failing_reference_is_reported_before_passing_controls() -> None:
+    ok, reason = accept(_verdict("reference", False, ("answer",)), [_verdict("no_op", True)])
+    assert not ok and reason.startswith("reference trajectory failed")
