@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import tempfile
 from pathlib import Path
 
 # Before anything imports Prefect: it reads its settings on import.
 _HOME = Path(tempfile.mkdtemp(prefix="synthloop-prefect-home-"))
+atexit.register(shutil.rmtree, _HOME, True)
 os.environ["PREFECT_HOME"] = str(_HOME)
 os.environ.pop("PREFECT_API_URL", None)
 
