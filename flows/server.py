@@ -79,8 +79,23 @@ def prefect_api(port: int = 4200) -> Iterator[str]:
     try:
         yield api_url
     finally:
+        _flush_run_logs()
         proc.terminate()
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def _flush_run_logs() -> None:
+    """Send Prefect's buffered run logs while the server is still up (else they fail at exit, noisily)."""
+    if "prefect" not in sys.modules:
+        return
+    import logging
+
+    from prefect.logging.handlers import APILogHandler
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, APILogHandler):
+                handler.flush()
