@@ -11,24 +11,15 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from envs import Environment, get_domain
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig
-from generators.graph import Coverage, ToolGraph
-from generators.tasks import PlanSampler, build_task, task_id_for
+from generators.graph import Coverage, domain_graph
+from generators.tasks import PlanSampler, sample_task, task_id_for
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
-
-SAMPLE_ATTEMPTS = 8
-
-
-@lru_cache(maxsize=64)
-def domain_graph(domain: str) -> ToolGraph:
-    env = Environment(get_domain(domain), 0)
-    return ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
 
 
 def catalog_rows(domains: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -70,21 +61,9 @@ def run_batch(config: SynthesizeConfig, batch: int) -> BatchResult:
         env, sampler = envs[domain], samplers[domain]
         rng = random.Random(f"{config.seed}/{batch}/{index}")
         t0 = time.perf_counter()
-        task = None
-        for attempt in range(SAMPLE_ATTEMPTS):
-            sampled = sampler.sample(rng)
-            if sampled is None:
-                counts["sample_retries"] += 1
-                continue
-            work, steps, initial = sampled
-            task = build_task(
-                env=env, work=work, steps=steps, initial=initial, rng=rng, config=config.sampling,
-                task_id=task_id_for(run_id, batch, index), run_id=run_id, batch=batch,
-                sampler_seed=index, code_check=rng.random() < config.code_check_share,
-            )
-            if task is not None:
-                break
-            counts["sample_retries"] += 1
+        task, retries = sample_task(sampler, rng, task_id=task_id_for(run_id, batch, index), run_id=run_id,
+                                    batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
+        counts["sample_retries"] += retries
         if task is None:
             counts["sample_failures"] += 1
             continue

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+
 def offline_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for Prefect processes on a machine without internet: no telemetry, no update checks."""
     env = dict(os.environ if env is None else env)

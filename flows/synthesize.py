@@ -14,9 +14,9 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flows.pipeline import catalog_rows, domain_graph, run_batch
+from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
-from generators.graph import Coverage
+from generators.graph import Coverage, domain_graph
 from storage import Corpus
 
 STAGE = "synthesize"

@@ -12,6 +12,7 @@ import itertools
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import networkx as nx
@@ -140,6 +141,15 @@ class ToolGraph:
                     return best
                 stack.extend((n, seen | {n}) for n in self.graph.successors(node) if n not in seen)
         return best
+
+
+@lru_cache(maxsize=64)
+def domain_graph(domain: str) -> ToolGraph:
+    """The tool graph of a built-in domain (tools and foreign keys do not depend on the seed)."""
+    from envs import Environment, get_domain
+
+    env = Environment(get_domain(domain), 0)
+    return ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
 
 
 @dataclass

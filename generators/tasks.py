@@ -13,6 +13,7 @@ import hashlib
 import random
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +21,11 @@ import networkx as nx
 
 from envs import Environment, ToolSpec
 from generators.config import SamplingConfig
-from generators.graph import ToolGraph
+from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
 
 MAX_TRIES = 6
+SAMPLE_ATTEMPTS = 8
 
 
 @dataclass
@@ -436,6 +438,52 @@ def code_check_source(expected_diff: dict[str, Any], answers: list[Any]) -> str 
                     f"    return {{'passed': ok, 'detail': 'final {table}.{col} of {key}: %r' % (row or {{}}).get({col!r})}}\n"
                 )
     return None
+
+
+def sample_task(
+    sampler: PlanSampler,
+    rng: random.Random,
+    *,
+    task_id: str,
+    run_id: str,
+    batch: int,
+    sampler_seed: int,
+    code_check_share: float = 0.0,
+    attempts: int = SAMPLE_ATTEMPTS,
+) -> tuple[Task | None, int]:
+    """Sample plans until one becomes a task; returns the task (None after ``attempts``) and the retries used."""
+    for attempt in range(attempts):
+        sampled = sampler.sample(rng)
+        if sampled is None:
+            continue
+        work, steps, initial = sampled
+        task = build_task(
+            env=sampler.base, work=work, steps=steps, initial=initial, rng=rng, config=sampler.config,
+            task_id=task_id, run_id=run_id, batch=batch, sampler_seed=sampler_seed,
+            code_check=rng.random() < code_check_share,
+        )
+        if task is not None:
+            return task, attempt
+    return None, attempts
+
+
+def sample_tasks(
+    env: Environment, n: int, *, seed: int = 0, config: SamplingConfig | None = None, run_id: str = "adhoc"
+) -> Iterator[tuple[Task, random.Random]]:
+    """Up to ``n`` tasks on one environment, each with the rng that made it (for controls drawn after it).
+
+    The quickest way to look at what the generator makes, outside a flow::
+
+        for task, _ in sample_tasks(Environment(get_domain("retail"), 0), 5):
+            print(task.goal)
+    """
+    sampler = PlanSampler(env, domain_graph(env.domain_cls.name), config or SamplingConfig())
+    for i in range(n):
+        rng = random.Random(f"{seed}/{i}")
+        task, _ = sample_task(sampler, rng, task_id=f"{env.domain_cls.name}-{i}", run_id=run_id, batch=0,
+                              sampler_seed=i, attempts=1)
+        if task is not None:
+            yield task, rng
 
 
 def task_id_for(run_id: str, batch: int, index: int) -> str:

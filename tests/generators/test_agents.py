@@ -21,29 +21,16 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from flows.pipeline import domain_graph
 from generators.agents import MAX_TURNS, STOP, OracleAssistant, ScriptedUser, call_tool, count_leaks, run_episode
 from generators.config import SamplingConfig
-from generators.tasks import PlanSampler, _Step, build_task
+from generators.tasks import _Step, build_task, sample_tasks
 from schemas import TABLES, Task, Trajectory
 
 DOMAIN_NAMES = sorted(DOMAINS)
 
 
 def _sample_tasks(env: Environment, n: int, seed: int) -> list[Task]:
-    cfg = SamplingConfig()
-    sampler = PlanSampler(env, domain_graph(env.domain_cls.name), cfg)
-    tasks = []
-    for i in range(n):
-        rng = random.Random(f"{seed}/{i}")
-        sampled = sampler.sample(rng)
-        if sampled is None:
-            continue
-        task = build_task(env=env, work=sampled[0], steps=sampled[1], initial=sampled[2], rng=rng, config=cfg,
-                          task_id=f"{env.domain_cls.name}-{i}", run_id="test", batch=0, sampler_seed=i)
-        if task is not None:
-            tasks.append(task)
-    return tasks
+    return [task for task, _ in sample_tasks(env, n, seed=seed, run_id="test")]
 
 
 def _resolve(value: Any, path: list[Any]) -> Any:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from flows.pipeline import domain_graph
 from generators.config import SamplingConfig
+from generators.graph import domain_graph
 from generators.tasks import PlanSampler, _Step, build_task, signature
 from schemas import TABLES, Task
 

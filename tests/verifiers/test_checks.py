@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from flows.pipeline import domain_graph
 from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
-from generators.tasks import PlanSampler, _Step, build_task, code_check_source
+from generators.tasks import _Step, build_task, code_check_source, sample_tasks
 from schemas import TABLES, Task, Trajectory, Verdict
 from verifiers.checks import answer_found, verify
 from verifiers.controls import make_controls
@@ -136,19 +135,7 @@ def test_booleans_are_found_as_words() -> None:
 
 
 def _sample_tasks(env: Environment, n: int, seed: int) -> list[tuple[Task, random.Random]]:
-    cfg = SamplingConfig()
-    sampler = PlanSampler(env, domain_graph(env.domain_cls.name), cfg)
-    out = []
-    for i in range(n):
-        rng = random.Random(f"{seed}/{i}")
-        sampled = sampler.sample(rng)
-        if sampled is None:
-            continue
-        task = build_task(env=env, work=sampled[0], steps=sampled[1], initial=sampled[2], rng=rng, config=cfg,
-                          task_id=f"{env.domain_cls.name}-{i}", run_id="test", batch=0, sampler_seed=i)
-        if task is not None:
-            out.append((task, rng))
-    return out
+    return list(sample_tasks(env, n, seed=seed, run_id="test"))
 
 
 @dataclasses.dataclass

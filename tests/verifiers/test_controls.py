@@ -19,10 +19,8 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from flows.pipeline import domain_graph
 from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
-from generators.config import SamplingConfig
-from generators.tasks import PlanSampler, build_task
+from generators.tasks import sample_tasks
 from schemas import CheckResult, Task, Verdict
 from verifiers.controls import CONTROL_KINDS, accept, make_controls
 
@@ -33,18 +31,8 @@ _PY_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": b
 def _cases(domain: str, n: int = 12, seed: int = 5) -> list[tuple[Environment, Task, Environment, list[dict[str, Any]]]]:
     """(initial env, task, env after the reference ran, controls) for sampled tasks of one domain."""
     env = Environment(DOMAINS[domain], 0)
-    cfg = SamplingConfig()
-    sampler = PlanSampler(env, domain_graph(domain), cfg)
     out = []
-    for i in range(n):
-        rng = random.Random(f"{seed}/{i}")
-        sampled = sampler.sample(rng)
-        if sampled is None:
-            continue
-        task = build_task(env=env, work=sampled[0], steps=sampled[1], initial=sampled[2], rng=rng, config=cfg,
-                          task_id=f"{domain}-{i}", run_id="test", batch=0, sampler_seed=i)
-        if task is None:
-            continue
+    for task, rng in sample_tasks(env, n, seed=seed, run_id="test"):
         final = env.fork()
         run_episode(task, ScriptedUser(task), OracleAssistant(task), final, role="reference", trajectory_id="r")
         assert final.state_hash() == task.final_state_hash
@@ -66,7 +54,7 @@ def cases() -> dict[str, list]:
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_required_controls_are_always_made(domain: str, cases) -> None:
-    for _, task, _, controls in cases[domain]:
+    for _, _task, _, controls in cases[domain]:
         kinds = [c["kind"] for c in controls]
         assert {"no_op", "refusal", "missing_step"} <= set(kinds)
         assert set(kinds) <= set(CONTROL_KINDS)
