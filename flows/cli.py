@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     with prefect_api(args.port):
         from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
 
-        summary = synthesize(config=config, corpus_root=args.corpus)
+        summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
     cov = summary["coverage"]
     print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
                      | {"coverage": cov}, indent=2))
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     config_args(p)
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
+                   help="processes running batches at once (default: the CPU count, at most 4)")
     p.set_defaults(fn=cmd_synthesize)
 
     p = sub.add_parser("query", help="run SQL over the corpus (views: tasks, trajectories, verdicts, ...)")

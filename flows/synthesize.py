@@ -7,11 +7,14 @@ per second, and a batch is the unit that is resumed, retried and, later, distrib
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.futures import as_completed
+from prefect.task_runners import ProcessPoolTaskRunner
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flows.pipeline import catalog_rows, run_batch
@@ -68,13 +71,36 @@ def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
     ])
 
 
+def _run_batches(config: SynthesizeConfig, root: str, workers: int) -> Iterator[dict[str, Any]]:
+    """Each batch's info as it finishes: in this process, or spread over ``workers`` processes.
+
+    A batch is a config and an index in and shards out, so any task runner can place it; processes are
+    what helps on one machine, since a batch is CPU-bound Python.
+    """
+    if workers <= 1:
+        for batch in range(config.n_batches):
+            yield synthesize_batch(config, batch, root)
+        return
+    with ProcessPoolTaskRunner(max_workers=workers) as runner:
+        futures = [
+            runner.submit(synthesize_batch, {"config": config, "batch": b, "corpus_root": root})
+            for b in range(config.n_batches)
+        ]
+        for future in as_completed(futures):
+            yield future.result()
+
+
 @flow(name="synthesize", log_prints=True)
-def synthesize(config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus") -> dict[str, Any]:
+def synthesize(
+    config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus", workers: int = 1
+) -> dict[str, Any]:
     """Synthesise a verified tool-use corpus on the built-in environments.
 
     Args:
         config: What to sample and how much; the same config resumes the same run.
         corpus_root: Folder of the Parquet corpus (shared by all runs; one sub-folder per run and table).
+        workers: Processes running batches at once (1 = in the flow's own process). The corpus does not
+            depend on it.
     """
     logger = get_run_logger()
     corpus = Corpus(corpus_root)
@@ -91,15 +117,14 @@ def synthesize(config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str =
     with Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:
         job = bar.add_task("batches", total=config.n_batches)
-        for batch in range(config.n_batches):
-            info = synthesize_batch(config, batch, str(corpus.root))
+        for done, info in enumerate(_run_batches(config, str(corpus.root), workers), 1):
             if info.get("skipped"):
-                logger.info("batch %d already complete: skipped", batch)
+                logger.info("batch %d already complete: skipped", info["batch"])
             else:
-                logger.info("batch %d: %d tasks, %d accepted in %.1fs", batch, info["tasks"], info["accepted"],
-                            info["duration_s"])
+                logger.info("batch %d: %d tasks, %d accepted in %.1fs", info["batch"], info["tasks"],
+                            info["accepted"], info["duration_s"])
             bar.advance(job)
-            update_progress_artifact(progress_id, 100.0 * (batch + 1) / config.n_batches)
+            update_progress_artifact(progress_id, 100.0 * done / config.n_batches)
     summary = summarize(corpus, config)
     corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
     corpus.write_catalog()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from storage import Corpus
-from tests.conftest import REPO, subprocess_env
+from tests.helpers import REPO, subprocess_env
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from storage import Corpus
-from tests.conftest import REPO, subprocess_env
+from tests.helpers import REPO, subprocess_env
 
 pytestmark = pytest.mark.slow
 

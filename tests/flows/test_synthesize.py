@@ -70,3 +70,13 @@ def test_rerun_with_same_config_skips_finished_batches(run):
     after = {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet") if "stage=synthesize" in str(p)}
     assert before == after  # nothing rewritten
     assert again["accepted"] == summary["accepted"] and again["tasks"] == summary["tasks"]
+
+
+def test_batches_spread_over_processes_give_the_same_corpus(run, tmp_path):
+    from flows.synthesize import synthesize
+
+    config, root, summary = run
+    parallel = synthesize(config=config, corpus_root=str(tmp_path), workers=2)
+    assert parallel["accepted"] == summary["accepted"]
+    by_id = lambda rows: sorted(rows, key=lambda r: r["task_id"])  # noqa: E731
+    assert by_id(Corpus(tmp_path).read("tasks")) == by_id(Corpus(root).read("tasks"))
