@@ -153,7 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_schemas)
 
     args = parser.parse_args(argv)
-    return args.fn(args)
+    from pydantic import ValidationError
+
+    try:
+        return args.fn(args)
+    except ValidationError as exc:  # a bad knob: say which field and why, no traceback
+        print(f"invalid configuration: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

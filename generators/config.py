@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class SamplingConfig(BaseModel):
@@ -52,6 +52,18 @@ class SynthesizeConfig(BaseModel):
     code_check_share: float = Field(
         0.03, ge=0, le=1, description="Share of tasks that also carry a verifier check expressed as code (run sandboxed)."
     )
+
+    @field_validator("domains")
+    @classmethod
+    def _known_domains(cls, domains: list[str]) -> list[str]:
+        from envs import DOMAINS
+
+        unknown = [d for d in domains if d not in DOMAINS]
+        if unknown:
+            raise ValueError(f"unknown domain(s) {unknown}; built-in domains: {sorted(DOMAINS)}")
+        if len(set(domains)) != len(domains):
+            raise ValueError(f"domains listed twice in {domains}")
+        return domains
 
     @property
     def n_batches(self) -> int:

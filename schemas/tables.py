@@ -52,6 +52,36 @@ _MESSAGE = _obj(
     },
     optional=("tool_calls", "tool_call_id", "name"),
 )
+_RULE = {
+    "oneOf": [
+        _obj({"kind": {"const": "no_extra_writes"}}),
+        _obj({"kind": {"const": "forbidden_tool"}, "tool": _STR}),
+        _obj({"kind": {"const": "max_calls"}, "value": {"type": "integer", "minimum": 1}}),
+    ]
+}
+# The per-instance verifier spec a task carries: one entry per check component, each with what it needs.
+VERIFIER_SPEC = _obj(
+    {
+        "version": {"const": 1},
+        "checks": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "oneOf": [
+                    _obj({"name": {"enum": ["format", "schema", "execution"]}}),
+                    _obj({"name": {"const": "state_diff"}, "expected": _OBJ}),
+                    _obj({
+                        "name": {"const": "answer"},
+                        "expected": {"type": "array"},
+                        "sources": {"type": "array", "items": _obj({"step": _STR, "field": _STR})},
+                    }),
+                    _obj({"name": {"const": "constraints"}, "rules": {"type": "array", "items": _RULE}}),
+                    _obj({"name": {"const": "code"}, "source": _STR, "entrypoint": _STR}),
+                ]
+            },
+        },
+    }
+)
 _PLAN_STEP = _obj({"id": _STR, "tool": _STR, "args": _OBJ, "private": _STRS, "request": _INT})
 _CHECK = _obj({"name": _STR, "passed": _BOOL, "score": _NUM, "detail": _STR})
 
@@ -211,7 +241,7 @@ TASKS = Table(
             "goal": _STR,
             "requests": {"type": "array", "items": _STR, "minItems": 1},
             "private_info": _OBJ,
-            "constraints": {"type": "array", "items": _obj({"kind": _STR}) | {"additionalProperties": True}},
+            "constraints": {"type": "array", "items": _RULE},
             "reference_plan": {"type": "array", "items": _PLAN_STEP, "minItems": 1},
             "expected_diff": _OBJ,
             "expected_answer": {"type": "array"},
@@ -229,7 +259,7 @@ TASKS = Table(
             ),
             "initial_state_hash": _STR,
             "final_state_hash": _STR,
-            "verifier": _obj({"version": _INT, "checks": {"type": "array", "items": _OBJ}}),
+            "verifier": VERIFIER_SPEC,
             "accepted": _BOOL,
             "reject_reason": _NSTR,
             "schema_version": _INT,

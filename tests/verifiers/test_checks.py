@@ -419,6 +419,31 @@ def test_a_hostile_code_check_gives_a_failed_verdict_and_verification_goes_on(ca
     assert after.passed and after.error is None
 
 
+HOSTILE = {
+    "read /etc/passwd": ("def check(payload):\n    return 'root' in open('/etc/passwd').read()\n", {"forbidden"}),
+    "open a socket": (
+        "def check(payload):\n    import socket\n    s = socket.socket()\n    s.connect(('127.0.0.1', 9))\n"
+        "    return True\n", {"forbidden"}),
+    "fork bomb": ("def check(payload):\n    import os\n    while True:\n        os.fork()\n", {"forbidden"}),
+    "infinite loop": ("def check(payload):\n    while True:\n        pass\n", {"timeout", "cpu_limit"}),
+    "memory bomb": ("def check(payload):\n    x = bytearray(8 * 1024**3)\n    return len(x) > 0\n", {"memory_limit"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_each_hostile_check_is_contained_and_reported_as_a_verifier_error(cases, name) -> None:
+    from verifiers.sandbox import SandboxLimits
+
+    source, kinds = HOSTILE[name]
+    case = cases["banking"][0]
+    verdict = verify(_with_code(case.task, source), case.reference, case.env,
+                     sandbox_limits=SandboxLimits(cpu_seconds=1, wall_seconds=3.0, memory_mb=128))
+    assert not verdict.passed
+    kind = verdict.error.removeprefix("verifier error: ").split(":")[0]
+    assert kind in kinds, verdict.error
+    assert verify(case.task, case.reference, case.env).passed  # and the run goes on
+
+
 def test_a_generated_code_check_passes_the_reference_and_rejects_the_no_op(cases) -> None:
     case = next(c for d in DOMAIN_NAMES for c in cases[d] if code_check_source(c.task.expected_diff, c.task.expected_answer))
     task = _with_code(case.task, code_check_source(case.task.expected_diff, case.task.expected_answer))
