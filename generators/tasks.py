@@ -273,7 +273,9 @@ def _render(template: str, rendered: dict[str, tuple[str, str]]) -> str:
         return (f"{word} " if word else "") + quote + text + quote
 
     text = re.sub(r"(?:\b(\w+)\s+)?(['\"]?)\{(\w+)\}\2", sub, template)
-    return re.sub(r"\s*\([^()]*\{\w+\}[^()]*\)", "", text)  # optional parameters the plan left unbound
+    # Optional parameters the plan left unbound: drop "(reason: {reason})", or "under {max_price}" with its word.
+    text = re.sub(r"\s*\([^()]*\{\w+\}[^()]*\)", "", text)
+    return re.sub(r"\s+(?:\w+\s+)?['\"]?\{\w+\}['\"]?", "", text)
 
 
 def _answer(spec: ToolSpec, result: Any) -> Any:
