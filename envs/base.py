@@ -232,6 +232,25 @@ class Domain(abc.ABC):
                 return key
 
 
+def parse_call(call: Any) -> tuple[str | None, dict[str, Any] | None, str | None]:
+    """``(name, arguments, problem)`` of an OpenAI-format tool call; ``problem`` says why it cannot run."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        return None, None, "tool call without a function name"
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except (json.JSONDecodeError, TypeError) as exc:
+        return fn["name"], None, f"Arguments of '{fn['name']}' are not valid JSON: {exc}"
+    if not isinstance(args, dict):
+        return fn["name"], None, f"Arguments of '{fn['name']}' must be a JSON object."
+    return fn["name"], args, None
+
+
+def observation(result: Any, error: str | None) -> str:
+    """The tool message content for a call's outcome (errors included); verifiers compare transcripts to it."""
+    return json.dumps({"error": error} if error else result, sort_keys=True, default=str)
+
+
 def _connect(data: bytes | None = None) -> sqlite3.Connection:
     db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
     if data is not None:
@@ -330,6 +349,11 @@ class Environment:
         return {t: self.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in self.tables()}
 
     # execution -----------------------------------------------------------------------------------------
+    def call(self, call: Any) -> tuple[Any, str | None]:
+        """Execute an OpenAI-format tool call: ``(result, None)`` or ``(None, error)``, malformed calls included."""
+        name, args, problem = parse_call(call)
+        return (None, problem) if problem else self.execute(name, args)
+
     def check_arguments(self, name: str, arguments: Any) -> str | None:
         """Why a call's arguments are invalid for the tool's schema, or None if they are valid."""
         if name not in self.specs:
@@ -403,13 +427,21 @@ def diff_states(
 ) -> dict[str, Any]:
     """What changed between two states, per table: inserted rows, deleted keys and updated columns.
 
-    Generated keys of inserted rows (single-column primary keys) are replaced by ``<new TABLE>`` wherever
-    they appear, so that independent inserts done in another order still compare equal.
+    Generated keys of inserted rows (single-column primary keys) are replaced by ``<new TABLE #i>`` wherever
+    they appear, numbered in the order of the rows' other contents: independent inserts done in another
+    order still compare equal, while two new rows stay distinguishable (a file moved into the wrong one of
+    two new folders is a different diff).
     """
     inserted_keys = {t: after.get(t, {}).keys() - before.get(t, {}).keys() for t in set(before) | set(after)}
-    placeholder = {
-        after[t][k][keys[t][0]]: f"<new {t}>" for t, ks in inserted_keys.items() if len(keys.get(t, ())) == 1 for k in ks
-    }
+    placeholder = {}
+    for t, ks in inserted_keys.items():
+        if len(keys.get(t, ())) != 1:
+            continue
+        pk = keys[t][0]
+        content = lambda k, t=t, pk=pk: json.dumps({c: v for c, v in after[t][k].items() if c != pk},  # noqa: E731
+                                                   sort_keys=True, default=str)
+        for i, k in enumerate(sorted(ks, key=lambda k: (content(k), k)), 1):
+            placeholder[after[t][k][pk]] = f"<new {t} #{i}>"
 
     def mask(value: Any) -> Any:
         return placeholder.get(value, value) if isinstance(value, str) else value

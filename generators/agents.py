@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envs import Environment
+from envs import Environment, observation
 from generators.tasks import noun
 from schemas import Message, Task, Trajectory
 
@@ -51,13 +51,7 @@ def system_prompt(env: Environment) -> str:
 
 def call_tool(env: Environment, call: dict[str, Any]) -> str:
     """Execute one OpenAI-format tool call and return the tool message content (errors included)."""
-    fn = (call.get("function") if isinstance(call, dict) else None) or {}
-    try:
-        args = json.loads(fn.get("arguments") or "{}")
-    except json.JSONDecodeError as exc:
-        return json.dumps({"error": f"Arguments are not valid JSON: {exc.msg} at position {exc.pos}"})
-    result, error = env.execute(str(fn.get("name")), args)
-    return json.dumps({"error": error} if error else result, sort_keys=True, default=str)
+    return observation(*env.call(call))
 
 
 def run_episode(
@@ -169,7 +163,7 @@ class ScriptedUser:
 class Fault:
     """How a negative-control assistant departs from the reference plan."""
 
-    kind: str  # "no_op", "refusal", "wrong_argument", "missing_step", "extra_write"
+    kind: str  # "no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step", "extra_write"
     step: str | None = None
     param: str | None = None
     value: Any = None
@@ -210,6 +204,12 @@ class OracleAssistant:
             return {"role": "assistant", "content": "I'm sorry, but I can't help with that request."}
         user_texts = [m["content"] or "" for m in messages if m["role"] == "user"]
         n_requests = sum(1 for r in self.task.requests if r in user_texts)
+        if self.fault and self.fault.kind == "hallucinated_answer":  # the right answer, with no call behind it
+            if n_requests < len(self.task.requests):
+                return {"role": "assistant", "content": "Done. Let me know what else you need."}
+            expected = next(c["expected"] for c in self.task.verifier["checks"] if c["name"] == "answer")
+            return {"role": "assistant", "content": "All done. Here is what you asked for: "
+                    + "; ".join(str(v) for v in expected) + "."}
         results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
         pending = [
             s for s in self.task.reference_plan

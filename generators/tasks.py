@@ -95,6 +95,7 @@ class PlanSampler:
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """Complete ``fixed`` (param → ref) with literal values; returns (args, concrete values) or None."""
         schema = self.specs[tool].record.parameters
+        phrased = set(re.findall(r"\{(\w+)\}", self.specs[tool].phrase))
         args, values = {}, {}
         rows = [r for r in work.candidate_rows(tool) if all(r.get(p, v[1]) == v[1] for p, v in fixed.items())]
         row = rng.choice(rows) if rows else {}
@@ -103,7 +104,8 @@ class PlanSampler:
                 args[param], values[param] = fixed[param]
                 continue
             required = param in schema.get("required", [])
-            if not required and rng.random() >= self.config.optional_arg_share:
+            # an optional argument the request could not state would make the goal underdetermined
+            if not required and (param not in phrased or rng.random() >= self.config.optional_arg_share):
                 continue
             value = row[param] if param in row else self._literal(work, tool, param, pschema, rng)
             if value is None:
@@ -223,9 +225,23 @@ class PlanSampler:
                             break
                 if step is not None:
                     steps.append(step)
+        if not self._writes_all_matter(steps, work.state_hash()):
+            return None
         for s in steps:
             self.usage[f"{self.graph.domain}.{s.tool}"] += 1
         return work, steps, initial
+
+    def _writes_all_matter(self, steps: list[_Step], final_hash: str) -> bool:
+        """False if leaving out one write, the other calls unchanged, reaches the same final state (a limit set
+        twice, share-then-unshare): no verifier could tell whether that write was done."""
+        for skipped in (s for s in steps if self.specs[s.tool].mutates):
+            trial = self.base.fork()
+            for s in steps:
+                if s is not skipped:
+                    trial.execute(s.tool, s.values)
+            if trial.state_hash() == final_hash:
+                return False
+        return True
 
 
 # --- from an executed plan to a task -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 from envs import Environment, get_domain
 from schemas import Task, Trajectory
 from storage import Corpus
-from verifiers.checks import _NUMBER, verify
+from verifiers.checks import NUMBER, verify
 
 MUTATIONS = ("drop_call", "perturb_argument", "swap_tool", "repeat_write", "corrupt_answer", "truncate")
 
@@ -91,7 +91,7 @@ def mutate(kind: str, traj: Trajectory, env: Environment, rng: random.Random, ex
             return None
         strings = [str(v) for v in expected if isinstance(v, str)]
         for k in texts:  # every number shifted, every expected string replaced: the answer is now wrong
-            text = _NUMBER.sub(lambda m: str(float(m.group(0).replace(",", "")) + 7), out[k]["content"])
+            text = NUMBER.sub(lambda m: str(float(m.group(0).replace(",", "")) + 7), out[k]["content"])
             for value in strings:
                 text = text.replace(value, "unknown")
             out[k]["content"] = text
@@ -158,11 +158,6 @@ def _outcome(task: Task, traj: Trajectory, env: Environment) -> tuple[str, str]:
     """What a user can observe of a trajectory: the final state (replayed) and what the assistant said."""
     replay = env.fork()
     for call in traj.tool_calls:
-        fn = call.get("function") or {}
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except json.JSONDecodeError:
-            continue
-        replay.execute(str(fn.get("name")), args)
+        replay.call(call)
     text = "\n".join(m.get("content") or "" for m in traj.messages if m["role"] == "assistant" and not m.get("tool_calls"))
     return replay.state_hash(), text

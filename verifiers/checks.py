@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from rapidfuzz import fuzz
 
-from envs import Environment
+from envs import Environment, observation, parse_call
 from schemas import CheckResult, Task, Trajectory, Verdict
 from verifiers.sandbox import SandboxLimits, run_check
 
@@ -24,7 +25,7 @@ from verifiers.sandbox import SandboxLimits, run_check
 FUZZY_MIN_LEN = 8
 FUZZY_THRESHOLD = 90.0
 # A number standing alone: not part of an id (O0041), a date (2026-01-15) or a time of day (10:30).
-_NUMBER = re.compile(r"(?<![\w.\-:/])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w:/]|\.\d|-\d)")
+NUMBER = re.compile(r"(?<![\w.\-:/])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w:/]|\.\d|-\d)")
 
 
 def normalise(text: str) -> str:
@@ -38,7 +39,7 @@ def _occurrences(expected: Any, text: str) -> int:
         words = ("yes", "true") if expected else ("no", "false")
         return sum(len(re.findall(rf"\b{w}\b", have)) for w in words)
     if isinstance(expected, (int, float)):
-        values = (float(t.replace(",", "")) for t in _NUMBER.findall(text))
+        values = (float(t.replace(",", "")) for t in NUMBER.findall(text))
         return sum(1 for v in values if abs(v - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9)
     want = normalise(str(expected))
     if not want:
@@ -66,26 +67,6 @@ def missing_answers(expected: list[Any], text: str) -> list[Any]:
         if _occurrences(value, text) < need[key]:
             missing.append(value)
     return missing
-
-
-def _parse_calls(trajectory: Trajectory) -> list[tuple[str | None, Any, str | None]]:
-    """(name, arguments, format problem) for every tool call the assistant made, in order."""
-    parsed = []
-    for call in trajectory.tool_calls:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            parsed.append((None, None, "tool call without a function name"))
-            continue
-        try:
-            args = json.loads(fn.get("arguments") or "{}")
-        except (json.JSONDecodeError, TypeError) as exc:
-            parsed.append((fn["name"], None, f"{fn['name']}: arguments are not valid JSON ({exc})"))
-            continue
-        if not isinstance(args, dict):
-            parsed.append((fn["name"], None, f"{fn['name']}: arguments are not a JSON object"))
-            continue
-        parsed.append((fn["name"], args, None))
-    return parsed
 
 
 def _ratio(ok: int, total: int) -> float:
@@ -122,31 +103,32 @@ def verify(
             duration_s=round(time.perf_counter() - start, 6),
         )
     checks = {c["name"]: c for c in task.verifier["checks"]}
-    calls = _parse_calls(trajectory)
     replay = env.fork()
     initial = replay.rows()
     components: list[CheckResult] = []
+    replayed = _replay(trajectory, replay)
+    calls = replayed.calls
 
     bad_format = [p for _, _, p in calls if p]
     components.append(CheckResult("format", not bad_format, _ratio(len(calls) - len(bad_format), len(calls)),
                                   "; ".join(bad_format[:3])))
-
-    schema_problems, exec_errors, well_formed = [], [], 0
-    for name, args, problem in calls:
-        if problem:
-            exec_errors.append(problem)
-            continue
-        well_formed += 1
-        invalid = replay.check_arguments(name, args)
-        if invalid:
-            schema_problems.append(invalid)
-        _, error = replay.execute(name, args)
-        if error:
-            exec_errors.append(f"{name}: {error}")
+    well_formed = len(calls) - len(bad_format)
+    schema_problems = replayed.schema_problems
     components.append(CheckResult("schema", not schema_problems, _ratio(well_formed - len(schema_problems), well_formed),
                                   "; ".join(schema_problems[:3])))
+    exec_errors = replayed.errors
     components.append(CheckResult("execution", not exec_errors, _ratio(len(calls) - len(exec_errors), len(calls)),
                                   "; ".join(exec_errors[:3])))
+    # Every argument must come from somewhere the assistant could see: the user's words, an earlier tool
+    # result, or the parameter's default. An id that was guessed, or copied from a dropped lookup, is not.
+    ungrounded = replayed.ungrounded
+    components.append(CheckResult("grounding", not ungrounded, _ratio(well_formed - len(ungrounded), well_formed),
+                                  "; ".join(ungrounded[:3])))
+    # The transcript's tool messages must be what the calls really return: they become training data.
+    mismatched = replayed.mismatched_observations
+    n_obs = max(len(calls), 1)
+    components.append(CheckResult("observations", not mismatched, _ratio(n_obs - len(mismatched), n_obs),
+                                  "; ".join(mismatched[:3])))
 
     final = replay.rows()
     actual_diff = replay.diff(initial, final)
@@ -162,8 +144,17 @@ def verify(
     if "answer" in checks:
         expected = checks["answer"]["expected"]
         missing = missing_answers(expected, answer_text)
-        components.append(CheckResult("answer", not missing, _ratio(len(expected) - len(missing), len(expected)),
-                                      f"not stated: {missing}" if missing else ""))
+        # A stated value counts only if the conversation produced it: a right number the assistant never
+        # retrieved is a guess, and a list of every number is not an answer.
+        unsupported = [e for e in expected if e not in missing and not replayed.knows(e)]
+        claimed = [float(t.replace(",", "")) for t in NUMBER.findall(answer_text)]
+        invented = [n for n in claimed if not replayed.knows(n)]
+        problems = ([f"not stated: {missing}"] if missing else []) + (
+            [f"not retrieved: {unsupported}"] if unsupported else []) + (
+            [f"numbers not from the conversation: {invented[:5]}"] if invented else [])
+        bad = len(missing) + len(unsupported)
+        components.append(CheckResult("answer", not problems, _ratio(len(expected) - bad, len(expected)) * (not invented),
+                                      "; ".join(problems)))
 
     if "constraints" in checks:
         rules = checks["constraints"]["rules"]
@@ -207,6 +198,97 @@ def verify(
         error=error,
         duration_s=round(time.perf_counter() - start, 6),
     )
+
+
+@dataclass
+class _Replay:
+    """What re-executing a conversation's calls, in order, showed."""
+
+    calls: list[tuple[str | None, Any, str | None]] = field(default_factory=list)
+    schema_problems: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    ungrounded: list[str] = field(default_factory=list)
+    mismatched_observations: list[str] = field(default_factory=list)
+    strings: set[str] = field(default_factory=set)  # lower-cased scalar text seen by the assistant
+    numbers: list[float] = field(default_factory=list)
+    user_text: str = ""
+
+    def see(self, value: Any) -> None:
+        """Remember every scalar of a tool result (and the length of every list: "how many")."""
+        if isinstance(value, dict):
+            for v in value.values():
+                self.see(v)
+        elif isinstance(value, list):
+            self.numbers.append(float(len(value)))
+            for v in value:
+                self.see(v)
+        elif isinstance(value, bool) or value is None:
+            return
+        elif isinstance(value, (int, float)):
+            self.numbers.append(float(value))
+        else:
+            self.strings.add(str(value).lower())
+
+    def knows(self, value: Any, default: Any = None) -> bool:
+        """Whether the assistant could have taken ``value`` from what it was told or shown."""
+        if isinstance(value, bool) or value is None or value == default:
+            return True
+        if isinstance(value, (int, float)):
+            target = float(value)
+            close = lambda n: abs(n - target) <= 1e-6 * max(1.0, abs(target)) + 1e-9  # noqa: E731
+            return any(close(n) for n in self.numbers) or any(
+                close(float(t.replace(",", ""))) for t in NUMBER.findall(self.user_text))
+        if isinstance(value, (list, dict)):
+            items = value.values() if isinstance(value, dict) else value
+            return all(self.knows(v) for v in items)
+        text = str(value).lower()
+        return text in self.strings or text in self.user_text.lower()
+
+
+def _replay(trajectory: Trajectory, env: Environment) -> _Replay:
+    """Re-execute the assistant's calls in conversation order on ``env``, checking each against what came before."""
+    out = _Replay()
+    results: dict[str, str] = {}
+    for message in trajectory.messages:
+        role = message.get("role")
+        if role == "user":
+            out.user_text += "\n" + (message.get("content") or "")
+        elif role == "assistant":
+            for call in message.get("tool_calls") or []:
+                name, args, problem = parse_call(call)
+                out.calls.append((name, args, problem))
+                if problem:
+                    out.errors.append(problem)
+                    continue
+                invalid = env.check_arguments(name, args)
+                if invalid:
+                    out.schema_problems.append(invalid)
+                props = env.specs[name].record.parameters["properties"] if name in env.specs else {}
+                for param, value in args.items():
+                    if not out.knows(value, props.get(param, {}).get("default")):
+                        out.ungrounded.append(f"{name}.{param}={value!r}")
+                result, error = env.execute(name, args)
+                if error:
+                    out.errors.append(f"{name}: {error}")
+                else:
+                    out.see(result)
+                results[str(call.get("id"))] = observation(result, error)
+        elif role == "tool":
+            call_id = str(message.get("tool_call_id"))
+            expected = results.pop(call_id, None)
+            if expected is None:
+                out.mismatched_observations.append(f"tool message for unknown call {call_id}")
+            elif not _same_json(message.get("content"), expected):
+                out.mismatched_observations.append(f"tool message for {call_id} differs from the real result")
+    out.mismatched_observations += [f"no tool message for call {c}" for c in results]
+    return out
+
+
+def _same_json(a: Any, b: str) -> bool:
+    try:
+        return json.loads(a) == json.loads(b)
+    except (TypeError, json.JSONDecodeError):
+        return False
 
 
 def _extra_writes(expected: dict[str, Any], actual: dict[str, Any]) -> list[str]:

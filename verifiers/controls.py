@@ -1,7 +1,7 @@
 """Negative controls: trajectories a task's verifier must reject before the task is trusted.
 
-A control is described as a *fault* of the reference assistant (do nothing, refuse, use a wrong argument,
-skip a step, make an extra write); the caller runs it through the same conversation loop as the reference.
+A control is described as a *fault* of the reference assistant (do nothing, refuse, state the right answer
+without calling anything, use a wrong argument, skip a step, make an extra write); the caller runs it through the same conversation loop as the reference.
 A task is accepted only if its verifier passes the reference and rejects every control generated for it.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 from envs import Environment
 from schemas import Task, Verdict
 
-CONTROL_KINDS = ("no_op", "refusal", "wrong_argument", "missing_step", "extra_write")
+CONTROL_KINDS = ("no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step", "extra_write")
 
 
 def _alternative(env: Environment, tool: str, param: str, value: Any, rng: random.Random) -> Any:
@@ -67,7 +67,7 @@ def make_controls(task: Task, initial_env: Environment, final_env: Environment, 
         final_env: The environment after the reference plan ran (for an extra write that succeeds there).
         rng: Seeded randomness.
     """
-    controls: list[dict[str, Any]] = [{"kind": "no_op"}, {"kind": "refusal"}]
+    controls: list[dict[str, Any]] = [{"kind": "no_op"}, {"kind": "refusal"}, {"kind": "hallucinated_answer"}]
     plan = task.reference_plan
     literals = [(s, p) for s in plan for p, v in s.args.items() if not isinstance(v, dict)]
     rng.shuffle(literals)
@@ -98,6 +98,6 @@ def accept(reference: Verdict, controls: list[Verdict]) -> tuple[bool, str | Non
     if accepted_controls:
         return False, f"verifier accepted negative control(s): {', '.join(accepted_controls)}"
     kinds = {v.control for v in controls}
-    if not {"no_op", "refusal", "missing_step"} <= kinds:
+    if not {"no_op", "refusal", "hallucinated_answer", "missing_step"} <= kinds:
         return False, "required negative controls missing"
     return True, None

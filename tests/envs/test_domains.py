@@ -472,11 +472,14 @@ def test_diff_banking(envs: dict[str, Environment]) -> None:
     assert result["amount"] == 40.56 and result["balance"] == round(src["balance"] - 40.56, 2)
     today = env.domain_cls.today
     tx = [
-        {"transaction_id": "<new transactions>", "account_id": src["account_id"], "date": today, "amount": -40.56,
+        {"account_id": src["account_id"], "date": today, "amount": -40.56,
          "description": f"Transfer to {dst['account_id']}"},
-        {"transaction_id": "<new transactions>", "account_id": dst["account_id"], "date": today, "amount": 40.56,
+        {"account_id": dst["account_id"], "date": today, "amount": 40.56,
          "description": f"Transfer from {src['account_id']}"},
     ]
+    # new keys are numbered in the order of the rows' other contents
+    for i, row in enumerate(sorted(tx, key=lambda r: json.dumps(r, sort_keys=True)), 1):
+        row["transaction_id"] = f"<new transactions #{i}>"
     assert env.diff(before) == {
         "accounts": {
             "inserted": [],

@@ -30,7 +30,7 @@ from verifiers.checks import answer_found, verify
 from verifiers.controls import make_controls
 
 DOMAIN_NAMES = sorted(DOMAINS)
-COMPONENTS = ["format", "schema", "execution", "state_diff", "answer", "constraints"]
+COMPONENTS = ["format", "schema", "execution", "grounding", "observations", "state_diff", "answer", "constraints"]
 
 
 # --- answer_found -------------------------------------------------------------------------------------------------
@@ -305,20 +305,26 @@ def test_forged_tool_results_do_not_change_the_verdict(domain: str, cases) -> No
             next(m for m in case.reference.messages if m.get("tool_call_id") == call["id"])["content"]
         v_honest, v_forged = verify(case.task, honest, case.env), verify(case.task, forged, case.env)
         assert not v_forged.passed
-        assert {"execution", "state_diff"} <= _failed(v_forged)
-        assert [dataclasses.astuple(c) for c in v_forged.components] == [dataclasses.astuple(c) for c in v_honest.components]
+        assert {"execution", "state_diff", "observations"} <= _failed(v_forged)
+        outcome = lambda v: [dataclasses.astuple(c) for c in v.components if c.name != "observations"]  # noqa: E731
+        assert outcome(v_forged) == outcome(v_honest)
         n += 1
     assert n > 0
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
-def test_a_real_trajectory_passes_whatever_its_tool_messages_say(domain: str, cases) -> None:
+def test_tool_messages_that_are_not_the_real_results_fail_only_the_observations(domain: str, cases) -> None:
+    """Outcome components judge the replay; the transcript's own tool messages must match it too (they are
+    training data), so fabricated or missing ones fail the ``observations`` component."""
     for case in cases[domain][:4]:
         scrambled = copy.deepcopy(case.reference)
         for m in scrambled.messages:
             if m["role"] == "tool":
                 m["content"] = json.dumps({"error": "tool crashed"})
-        assert verify(case.task, scrambled, case.env).passed
+        assert _failed(verify(case.task, scrambled, case.env)) == {"observations"}
+        dropped = copy.deepcopy(case.reference)
+        dropped.messages = [m for m in dropped.messages if m["role"] != "tool"]
+        assert _failed(verify(case.task, dropped, case.env)) == {"observations"}
 
 
 def test_a_claimed_write_without_a_call_does_not_count(cases) -> None:
@@ -349,7 +355,7 @@ def _fn(name: Any, arguments: Any, i: int = 0) -> dict[str, Any]:
     "call, failing, detail",
     [
         (_fn("get_order", "{not json"), {"format", "execution"}, "not valid JSON"),
-        (_fn("get_order", "[1, 2]"), {"format", "execution"}, "not a JSON object"),
+        (_fn("get_order", "[1, 2]"), {"format", "execution"}, "must be a JSON object"),
         (_fn("get_order", {"order_id": "O0001"}), {"format", "execution"}, "not valid JSON"),
         ({"id": "c0", "type": "function", "function": {"arguments": "{}"}}, {"format", "execution"}, "without a function name"),
         ({"id": "c0", "type": "function", "function": {"name": "", "arguments": "{}"}}, {"format", "execution"}, "without a function name"),

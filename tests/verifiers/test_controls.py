@@ -56,7 +56,7 @@ def cases() -> dict[str, list]:
 def test_required_controls_are_always_made(domain: str, cases) -> None:
     for _, _task, _, controls in cases[domain]:
         kinds = [c["kind"] for c in controls]
-        assert {"no_op", "refusal", "missing_step"} <= set(kinds)
+        assert {"no_op", "refusal", "hallucinated_answer", "missing_step"} <= set(kinds)
         assert set(kinds) <= set(CONTROL_KINDS)
         assert len(kinds) == len(set(kinds)), "one control per kind"
         for spec in controls:
@@ -146,7 +146,7 @@ def _verdict(control: str, passed: bool, failed: tuple[str, ...] = ()) -> Verdic
 
 REF = _verdict("reference", True)
 REQUIRED = [_verdict("no_op", False, ("answer",)), _verdict("refusal", False, ("answer",)),
-            _verdict("missing_step", False, ("state_diff",))]
+            _verdict("hallucinated_answer", False, ("answer",)), _verdict("missing_step", False, ("state_diff",))]
 
 
 def test_accept_when_reference_passes_and_every_control_fails() -> None:
@@ -167,7 +167,7 @@ def test_reject_when_a_control_passes_naming_it() -> None:
     assert reason == "verifier accepted negative control(s): wrong_argument, extra_write"
 
 
-@pytest.mark.parametrize("missing", ["no_op", "refusal", "missing_step"])
+@pytest.mark.parametrize("missing", ["no_op", "refusal", "hallucinated_answer", "missing_step"])
 def test_reject_when_a_required_control_is_absent(missing: str) -> None:
     ok, reason = accept(REF, [v for v in REQUIRED if v.control != missing])
     assert not ok and reason == "required negative controls missing"
