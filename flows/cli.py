@@ -63,7 +63,11 @@ def cmd_query(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from storage import Corpus, export_trl
 
-    n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+    try:
+        n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+    except ValueError as exc:
+        print(f"export failed: {exc}", file=sys.stderr)
+        return 2
     print(f"wrote {n} conversations to {args.out}")
     return 0
 

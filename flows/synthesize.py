@@ -18,7 +18,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flows.pipeline import catalog_rows, run_batch
-from generators.config import SynthesizeConfig
+from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage, domain_graph
 from storage import Corpus
 
@@ -109,6 +109,7 @@ def synthesize(
     if removed:
         logger.warning("removed %d partial files left by an interrupted run", removed)
     corpus.write_manifest(run_id, {"run_id": run_id, "fingerprint": config.fingerprint(), "stage": STAGE,
+                                   "code_version": code_version(),
                                    "config": config.model_dump(mode="json"), "status": "running"})
     if not corpus.batch_done(run_id, "catalog", 0):
         corpus.write_batch(run_id, "catalog", 0, catalog_rows(config.domains), {"domains": config.domains})

@@ -5,8 +5,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import lru_cache
+from pathlib import Path
 
 from pydantic import BaseModel, Field, field_validator, model_validator
+
+
+@lru_cache(maxsize=1)
+def code_version() -> str:
+    """Hash of the source of every package that shapes a corpus (environments, generators, verifiers)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for package in ("envs", "generators", "verifiers"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 class SamplingConfig(BaseModel):
@@ -70,8 +84,9 @@ class SynthesizeConfig(BaseModel):
         return -(-self.n_tasks // self.batch_size)
 
     def fingerprint(self) -> str:
-        """Hash of everything that changes the output; a re-run with the same fingerprint resumes."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """Hash of everything that changes the output, the code included; a re-run with the same fingerprint
+        resumes, and one after a code change starts a new run instead of mixing old and new batches."""
+        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code_version()}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property

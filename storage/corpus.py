@@ -39,6 +39,16 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Corpus:
     """Read and write one corpus root.
 
@@ -88,10 +98,13 @@ class Corpus:
         return [json.loads(p.read_text()) for p in sorted(folder.glob("batch-*.done.json"))]
 
     def remove_temporaries(self) -> int:
-        """Delete temp files left by a killed writer; returns how many were removed."""
+        """Delete temp files left by writers that are gone (killed); a live writer's are left alone."""
         removed = 0
         if self.root.exists():
             for tmp in self.root.rglob(".*.tmp"):
+                pid = tmp.name.rsplit(".", 2)[-2]
+                if pid.isdigit() and _alive(int(pid)):
+                    continue
                 tmp.unlink(missing_ok=True)
                 removed += 1
         return removed
@@ -110,14 +123,30 @@ class Corpus:
         folder = self.root / "_runs"
         return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
 
-    # reading -------------------------------------------------------------------------------------------
+    # reading: only shards of complete batches, so a reader never sees a batch that is being (re)written ----
+    def complete_shards(self, table: str, run_id: str | None = None) -> list[Path]:
+        files = []
+        for run in [run_id] if run_id else self.runs():
+            for marker in sorted((self.root / "_runs" / run).glob("*/batch-*.done.json")):
+                stage, batch = marker.parent.name, int(marker.name.split("-")[1].split(".")[0])
+                path = self.shard_path(table, run, stage, batch)
+                if table in json.loads(marker.read_text())["rows"] and path.exists():
+                    files.append(path)
+        return files
+
     def tables(self) -> list[str]:
-        return [t for t in TABLES if any((self.root / t).rglob("*.parquet"))] if self.root.exists() else []
+        return [t for t in TABLES if self.complete_shards(t)]
+
+    def latest_run(self, stage: str = "synthesize") -> str | None:
+        """The most recently finished run (by its manifest), or None."""
+        done = [(p.stat().st_mtime, p.parent.name) for p in (self.root / "_runs").glob("*/manifest.json")
+                if json.loads(p.read_text()).get("status") == "complete"
+                and json.loads(p.read_text()).get("stage") == stage] if (self.root / "_runs").exists() else []
+        return max(done)[1] if done else None
 
     def read(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
         """All rows of a table (optionally one run), with JSON fields decoded."""
-        pattern = f"run={run_id}/**/*.parquet" if run_id else "**/*.parquet"
-        files = sorted((self.root / table).glob(pattern))
+        files = self.complete_shards(table, run_id)
         if not files:
             return []
         arrow = pa.concat_tables([pq.read_table(f, schema=TABLES[table].arrow_schema) for f in files])
@@ -126,7 +155,7 @@ class Corpus:
     def connect(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with a view per table and the convenience views below."""
         con = duckdb.connect(database)
-        create_views(con, self.root, self.tables())
+        create_views(con, {t: self.complete_shards(t) for t in self.tables()})
         return con
 
     def write_catalog(self) -> Path | None:
@@ -137,7 +166,7 @@ class Corpus:
         except duckdb.IOException:
             return None  # another process holds it open; the in-memory catalog still works
         try:
-            create_views(con, self.root, self.tables())
+            create_views(con, {t: self.complete_shards(t) for t in self.tables()})
         finally:
             con.close()
         return path
@@ -158,14 +187,15 @@ _DERIVED = {
 }
 
 
-def create_views(con: duckdb.DuckDBPyConnection, root: Path, tables: list[str]) -> None:
-    for table in tables:
-        glob = (root / table / "**" / "*.parquet").as_posix()
+def create_views(con: duckdb.DuckDBPyConnection, shards: dict[str, list[Path]]) -> None:
+    """A view per table over the listed shard files (the hive columns ``run`` and ``stage`` included)."""
+    for table, files in shards.items():
+        listed = ", ".join("'" + f.as_posix().replace("'", "''") + "'" for f in files)
         con.execute(
             f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
-            f"read_parquet('{glob}', hive_partitioning = true, union_by_name = true)"
+            f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
         )
     for name, sql in _DERIVED.items():
         needed = {"tasks"} | ({"trajectories"} if "trajectories" in sql else set()) | ({"verdicts"} if "verdicts" in sql else set())
-        if needed <= set(tables):
+        if needed <= set(shards):
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")

@@ -26,13 +26,22 @@ TRL_SCHEMA = pa.schema(
 def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> int:
     """Write accepted reference trajectories as ``messages`` + ``tools`` (TRL's conversational format).
 
-    Returns the number of rows written. The file loads with ``datasets.Dataset.from_parquet``.
+    Args:
+        corpus: The corpus.
+        out: Parquet file to write; it loads with ``datasets.Dataset.from_parquet``.
+        run_id: The run to export; default the most recently completed one (runs with the same seed share
+            tasks, so exporting several at once would repeat conversations).
+
+    Returns the number of rows written. The user's closing turn (thanks and the stop marker) is dropped:
+    a conversation ends on the assistant's last message, which is what a trainer should learn to produce.
     """
+    run_id = run_id or corpus.latest_run()
+    if run_id is None:
+        raise ValueError(f"no completed run in {corpus.root}; run `synthloop synthesize` first")
     con = corpus.connect()
-    where = "WHERE run_id = ?" if run_id else ""
     rows = con.execute(
-        f"SELECT task_id, domain, messages, tools FROM accepted_trajectories {where} ORDER BY task_id",
-        [run_id] if run_id else [],
+        "SELECT task_id, domain, messages, tools FROM accepted_trajectories WHERE run_id = ? ORDER BY task_id",
+        [run_id],
     ).fetchall()
     tools_by_domain = {}
     for tool in corpus.read("tools"):
@@ -43,6 +52,8 @@ def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> in
     records = []
     for task_id, domain, messages, names in rows:
         catalog = tools_by_domain.get(domain, {})
+        while messages and messages[-1]["role"] == "user":
+            messages = messages[:-1]
         records.append({
             "task_id": task_id,
             "domain": domain,

@@ -70,13 +70,22 @@ def make_hook(root, violations, str_=str, bytes_=bytes, int_=int, type_=type, ex
              "subprocess.")
     blocked = ("os.", "socket.", "ctypes.", "resource.", "shutil.", "signal.", "fcntl.", "mmap.",
                "gc.", "_thread.", "sys.settrace", "sys.setprofile", "sys._current_frames",
-               "sys.addaudithook")
+               "sys._getframe", "sys.addaudithook")
+    writes = [0]  # RLIMIT_FSIZE bounds one file; this bounds how many, so the folder cannot fill a disk
 
     def hook(event, args):
         if event == "open":
             path = args[0]
             if type_(path) is int_:  # an already-open descriptor grants no new access
                 return
+            mode, flags = args[1], args[2]
+            if (type_(mode) is str_ and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                    type_(flags) is int_ and flags & 3):
+                writes[0] += 1
+                if writes[0] > 16:
+                    msg = "more than 16 files opened for writing"
+                    violations.append(msg)
+                    raise exc_(msg)
             if type_(path) is bytes_:
                 path = path.decode("utf-8", "surrogateescape")
             if type_(path) is str_:

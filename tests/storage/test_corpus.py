@@ -49,6 +49,7 @@ def corpus(tmp_path, batch, catalog) -> Corpus:
     c = Corpus(tmp_path / "corpus")
     c.write_batch(RUN, "catalog", 0, catalog, {"domains": CONFIG.domains})
     c.write_batch(RUN, STAGE, 0, batch[0], batch[1])
+    c.write_manifest(RUN, {"run_id": RUN, "stage": STAGE, "status": "complete"})
     return c
 
 
@@ -122,6 +123,9 @@ def test_a_crashed_shard_write_leaves_the_old_shard_and_a_removable_temporary(co
     leftovers = list(path.parent.glob(".*.tmp"))
     assert [p.name for p in leftovers] == [f".{path.name}.{os.getpid()}.tmp"]
     assert _count(corpus, "SELECT count(*) FROM tasks") == len(tables["tasks"])
+    assert corpus.remove_temporaries() == 0  # its writer (this process) is alive: maybe still writing
+    dead = leftovers[0].with_name(f".{path.name}.999999999.tmp")  # no such pid: the writer was killed
+    leftovers[0].rename(dead)
     assert corpus.remove_temporaries() == 1
     assert not list(corpus.root.rglob("*.tmp"))
 
@@ -197,9 +201,18 @@ def test_views_exist_for_every_written_table_and_the_derived_ones(corpus: Corpus
     con.close()
 
 
+def test_a_batch_without_its_marker_is_invisible_to_readers(tmp_path, batch) -> None:
+    """Shards of a batch being (re)written, or left by a killed run, show up only once the batch is done."""
+    c = Corpus(tmp_path / "c")
+    c.write_batch(RUN, STAGE, 0, {"tasks": batch[0]["tasks"]}, {})
+    c.write_shard("tasks", batch[0]["tasks"], RUN, STAGE, 1)  # no marker for batch 1
+    assert len(c.read("tasks")) == len(batch[0]["tasks"])
+    assert _count(c, "SELECT count(*) FROM tasks") == len(batch[0]["tasks"])
+
+
 def test_derived_views_need_their_tables(tmp_path, batch) -> None:
     c = Corpus(tmp_path / "c")
-    c.write_shard("tasks", batch[0]["tasks"], RUN, STAGE, 0)
+    c.write_batch(RUN, STAGE, 0, {"tasks": batch[0]["tasks"]}, {})
     con = c.connect()
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     assert views == {"tasks", "accepted_tasks"}
@@ -257,8 +270,16 @@ def test_export_trl_loads_with_datasets_and_lists_the_tools_used(corpus: Corpus,
         called = {c["function"]["name"] for m in row["messages"] for c in (m["tool_calls"] or [])}
         assert called and called <= names, f"{row['task_id']}: calls {called - names} have no tool schema"
         assert row["domain"] == accepted[row["task_id"]]["domain"]
-        assert [m["content"] for m in row["messages"]] == [m["content"] for m in references[row["task_id"]]["messages"]]
-        assert row["messages"][0]["role"] == "system"
+        reference = references[row["task_id"]]["messages"]
+        assert reference[-1]["role"] == "user" and "###STOP###" in reference[-1]["content"]
+        # the export ends on the assistant's last message: the closing user turn is not a training target
+        assert [m["content"] for m in row["messages"]] == [m["content"] for m in reference[:-1]]
+        assert row["messages"][0]["role"] == "system" and row["messages"][-1]["role"] == "assistant"
+
+
+def test_export_without_a_completed_run_says_so(tmp_path) -> None:
+    with pytest.raises(ValueError, match="no completed run"):
+        export_trl(Corpus(tmp_path / "empty"), tmp_path / "x.parquet")
 
 
 def test_export_trl_filters_by_run(corpus: Corpus, tmp_path) -> None:

@@ -236,3 +236,18 @@ def test_isolation_report_describes_layers():
     assert report["probe_ok"] and report["audit_hook"] and report["rlimits"]
     assert set(report) >= {"netns", "uid_drop", "no_new_privs", "process_group_kill"}
     assert report["netns"] in {None, "netns", "userns+netns"}
+
+
+def test_filling_the_folder_with_files_is_stopped() -> None:
+    """One file is bounded by RLIMIT_FSIZE; the number of files written is bounded too."""
+    source = "def check(p):\n    for i in range(100):\n        open(f'f{i}', 'w').write('x' * 1000)\n    return True\n"
+    result = run_check(source, {}, limits=LIMITS)
+    assert not result.ok and result.error == "forbidden: more than 16 files opened for writing"
+    small = "def check(p):\n    open('notes', 'w').write('ok')\n    return open('notes').read()\n"
+    assert run_check(small, {}, limits=LIMITS).value == "ok"  # a few scratch files are fine
+
+
+def test_reaching_the_runner_through_frames_is_forbidden() -> None:
+    source = "def check(p):\n    import sys\n    return sorted(sys._getframe(1).f_locals)\n"
+    result = run_check(source, {}, limits=LIMITS)
+    assert not result.ok and result.error == "forbidden: sys._getframe"
