@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
 
-from generators.catalog import bfcl_file, bfcl_name_variants, default_bfcl_root, load_bfcl_catalog  # noqa: E402
+from generators.catalog import bfcl_name_variants, load_bfcl_catalog  # noqa: E402
+from storage.external import bfcl_file, default_bfcl_root  # noqa: E402
 from verifiers.bfcl import CATEGORIES, MUTATION_KINDS, evaluate_bfcl  # noqa: E402
 
 _SHORT = {"wrong_function": "wrong_fn", "wrong_value": "wrong_val", "missing_required": "miss_req",

@@ -42,7 +42,7 @@ class User(Protocol):
 
 def system_prompt(env: Environment) -> str:
     return (
-        f"You are a helpful assistant for {env.domain_cls.description} "
+        f"You are a helpful assistant for {env.domain_cls.description[0].lower()}{env.domain_cls.description[1:]} "
         "Use the tools to fulfil the user's requests. Ask the user for any information you need "
         "instead of guessing. Do not make changes the user did not ask for. When a request is done, "
         "tell the user the outcome."

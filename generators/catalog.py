@@ -8,7 +8,7 @@ TOOLS table schema.
 
 Example:
     >>> tools = load_catalog("tools.json")                    # format detected from the content
-    >>> bfcl = load_bfcl_catalog(default_bfcl_root())         # all function docs of BFCL's five files
+    >>> bfcl = load_bfcl_catalog(storage.external.default_bfcl_root())  # all function docs of the five files
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Literal
 import jsonschema
 
 from schemas import TABLES, Tool
-from storage.external import bfcl_file, default_bfcl_root  # noqa: F401  (callers find BFCL data here too)
+from storage.external import bfcl_file
 
 try:
     import yaml

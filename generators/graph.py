@@ -24,6 +24,9 @@ SCALARS = {"string", "integer", "number", "boolean"}
 # Below this similarity two names are not taken to denote the same thing; 90 keeps "account" ~ "from_account"
 # (a partial match of 100) and rejects "customer" ~ "order".
 NAME_THRESHOLD = 90.0
+# Free text names no entity: a person's "name" feeding a folder's "name" type-checks and reads as nonsense.
+# Such values come from the user, never from another tool's result.
+FREE_TEXT = frozenset({"name", "title", "description", "new_name", "name_contains", "reason", "note"})
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class ToolGraph:
             for out in output_fields(u.returns):
                 for param, ptype in params.items():
                     if not _types_compatible(out.type, ptype):
+                        continue
+                    if out.type == "string" and (out.name in FREE_TEXT or param in FREE_TEXT):
                         continue
                     if (out.name, param) in fk:
                         bindings.append({"path": out.path, "param": param, "kind": "entity", "score": 100.0})

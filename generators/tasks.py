@@ -25,6 +25,7 @@ from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
 
 MAX_TRIES = 6
+SHARED_ENTITIES = frozenset({"room", "product", "payee"})
 SAMPLE_ATTEMPTS = 8
 
 
@@ -188,11 +189,11 @@ class PlanSampler:
                         break
         return None
 
-    def sample(self, rng: random.Random) -> tuple[Environment, list[_Step], dict] | None:
-        """Grow one executed plan; returns the working environment (in the final state), the steps and the
-        initial state rows, or None if the sampled shape could not be realised on this state."""
+    def sample(self, rng: random.Random, depth: int | None = None) -> tuple[Environment, list[_Step], dict] | None:
+        """Grow one executed plan of ``depth`` (default: drawn from the config); returns the working environment
+        (in the final state), the steps and the initial state rows, or None if the shape could not be realised."""
         cfg = self.config
-        depth = rng.randint(cfg.depth_min, cfg.depth_max)
+        depth = depth or rng.randint(cfg.depth_min, cfg.depth_max)
         work = self.base.fork()
         initial = work.rows()
         steps: list[_Step] = []
@@ -326,7 +327,9 @@ def build_task(
     private: dict[str, list[str]] = {s.id: [] for s in steps}
     for s in steps:
         for param, value in s.args.items():
-            identifying = is_id(param) or param == "email"  # a new value (a city to move to) is the request itself
+            # The user keeps their own identifiers to themselves; a new value (a city to move to) is the request
+            # itself, and shared things (a room, a product, a payee) are not "mine".
+            identifying = (is_id(param) and noun(param) not in SHARED_ENTITIES) or param == "email"
             if isinstance(value, dict) or not identifying or not isinstance(value, str):
                 continue
             if value not in key_of:
@@ -469,9 +472,14 @@ def sample_task(
     code_check_share: float = 0.0,
     attempts: int = SAMPLE_ATTEMPTS,
 ) -> tuple[Task | None, int]:
-    """Sample plans until one becomes a task; returns the task (None after ``attempts``) and the retries used."""
+    """Sample plans until one becomes a task; returns the task (None after ``attempts``) and the retries used.
+
+    The depth is drawn once and kept across retries: deep plans fail more often, and redrawing it would skew
+    the corpus towards shallow tasks.
+    """
+    depth = rng.randint(sampler.config.depth_min, sampler.config.depth_max)
     for attempt in range(attempts):
-        sampled = sampler.sample(rng)
+        sampled = sampler.sample(rng, depth)
         if sampled is None:
             continue
         work, steps, initial = sampled
@@ -499,7 +507,7 @@ def sample_tasks(
     for i in range(n):
         rng = random.Random(f"{seed}/{i}")
         task, _ = sample_task(sampler, rng, task_id=f"{env.domain_cls.name}-{i}", run_id=run_id, batch=0,
-                              sampler_seed=i, attempts=1)
+                              sampler_seed=i)
         if task is not None:
             yield task, rng
 

@@ -11,14 +11,13 @@ import pytest
 from generators.catalog import (
     BFCL_CATEGORIES,
     CatalogError,
-    bfcl_file,
     bfcl_name_variants,
-    default_bfcl_root,
     load_bfcl_catalog,
     load_bfcl_functions,
     load_catalog,
 )
 from schemas import TABLES
+from storage.external import bfcl_file, default_bfcl_root
 
 WEATHER = {
     "name": "get_weather",

@@ -44,8 +44,11 @@ def _sample_tasks(env: Environment, n: int, seed: int, **config: Any) -> list[tu
     out = []
     for i in range(n):
         rng = random.Random(f"{seed}/{i}")
-        sampled = sampler.sample(rng)
-        if sampled is None:
+        for _ in range(3):  # as the pipeline does, a shape the state cannot realise is retried
+            sampled = sampler.sample(rng)
+            if sampled is not None:
+                break
+        else:
             continue
         work, steps, initial = sampled
         task = build_task(env=env, work=work, steps=steps, initial=initial, rng=rng, config=cfg,
@@ -277,12 +280,13 @@ def test_a_private_value_used_twice_is_not_stated_the_second_time(envs) -> None:
     assert not any("C0001" in request for request in task.requests), task.requests
 
 
-def test_private_share_zero_states_everything_and_one_hides_every_id(envs) -> None:
+def test_private_share_zero_states_everything_and_one_hides_every_own_id(envs) -> None:
+    """Private information is the user's own identifiers; a product is not "mine", so it is always stated."""
     env = envs["retail"]
     calls = [("find_customer_by_email", {"email": env.candidates("email")[0]}),
              ("list_orders", {"customer_id": {"$ref": "s0", "path": ["customer_id"]}}),
              ("get_product", {"product_id": "P0002"})]
-    for share, expected in ((0.0, {}), (1.0, {"email": env.candidates("email")[0], "product_id": "P0002"})):
+    for share, expected in ((0.0, {}), (1.0, {"email": env.candidates("email")[0]})):
         work, steps, initial = _execute(env, calls)
         task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
                           config=SamplingConfig(private_share=share), task_id="t", run_id="r", batch=0, sampler_seed=0)
@@ -291,7 +295,7 @@ def test_private_share_zero_states_everything_and_one_hides_every_id(envs) -> No
         if share == 0.0:
             assert env.candidates("email")[0] in text and "P0002" in text
         else:
-            assert "my email" in text and "my product id" in text
+            assert "my email" in text and "product P0002" in text
         # a value taken from an earlier result is never private: the user does not know it
         assert task.reference_plan[1].private == []
 

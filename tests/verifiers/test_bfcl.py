@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from generators.catalog import default_bfcl_root
+from storage.external import default_bfcl_root
 from verifiers.bfcl import (
     CATEGORIES,
     MUTATION_KINDS,
