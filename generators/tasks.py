@@ -26,7 +26,7 @@ from schemas import Lineage, PlanStep, Signature, Task
 
 MAX_TRIES = 6
 SHARED_ENTITIES = frozenset({"room", "product", "payee"})
-SAMPLE_ATTEMPTS = 8
+SAMPLE_ATTEMPTS = 16
 
 
 @dataclass
@@ -410,6 +410,9 @@ def build_task(
         {"name": "schema"},
         {"name": "execution"},
         {"name": "state_diff", "expected": expected_diff},
+        # The calls the user asked for, with their concrete arguments: skipping a requested lookup is not
+        # following the request, even when the lookup's result was not needed for the outcome.
+        {"name": "required_calls", "calls": [{"tool": s.tool, "args": s.values} for s in steps]},
         {"name": "answer", "expected": answers, "sources": sources},
         {"name": "constraints", "rules": constraints},
     ]

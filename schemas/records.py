@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA_VERSION = 1
+# Verifier components that judge what the user ends up with; the others judge how the assistant got there.
+OUTCOME_COMPONENTS = frozenset({"state_diff", "answer", "constraints", "code"})
 
 # Message roles and tool-call shape follow the OpenAI chat-completions wire format, so a trajectory can be
 # sent to any OpenAI-compatible endpoint or handed to TRL unchanged.
@@ -203,10 +205,19 @@ class Verdict:
 
     @property
     def score(self) -> float:
+        """The weakest component's score (a summary for queries, not an RL reward)."""
         return min((c.score for c in self.components), default=0.0)
 
+    @property
+    def outcome_passed(self) -> bool:
+        """Whether the outcome components pass (what the user gets: state, answer, constraints, code check),
+        whatever the process components say (format, grounding, required calls, ...)."""
+        outcome = [c for c in self.components if c.name in OUTCOME_COMPONENTS]
+        return bool(outcome) and all(c.passed for c in outcome) and self.error is None
+
     def to_row(self) -> dict[str, Any]:
-        return {**asdict(self), "score": self.score, "schema_version": SCHEMA_VERSION}
+        return {**asdict(self), "score": self.score, "outcome_passed": self.outcome_passed,
+                "schema_version": SCHEMA_VERSION}
 
 
 @dataclass

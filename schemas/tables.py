@@ -71,6 +71,10 @@ VERIFIER_SPEC = _obj(
                     _obj({"name": {"enum": ["format", "schema", "execution"]}}),
                     _obj({"name": {"const": "state_diff"}, "expected": _OBJ}),
                     _obj({
+                        "name": {"const": "required_calls"},
+                        "calls": {"type": "array", "items": _obj({"tool": _STR, "args": _OBJ})},
+                    }),
+                    _obj({
                         "name": {"const": "answer"},
                         "expected": {"type": "array"},
                         "sources": {"type": "array", "items": _obj({"step": _STR, "field": _STR})},
@@ -376,6 +380,7 @@ VERDICTS = Table(
             "control": _STR,
             "expected_pass": _BOOL,
             "passed": _BOOL,
+            "outcome_passed": _BOOL,
             "score": _NUM,
             "components": {"type": "array", "items": _CHECK},
             "error": _NSTR,
@@ -393,6 +398,7 @@ VERDICTS = Table(
             ("control", pa.string()),
             ("expected_pass", pa.bool_()),
             ("passed", pa.bool_()),
+            ("outcome_passed", pa.bool_()),
             ("score", pa.float64()),
             (
                 "components",

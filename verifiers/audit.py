@@ -150,6 +150,10 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
         "mutations": {k: dict(v) for k, v in mutants.items()},
         "effective_mutants": total_eff,
         "effective_rejection_rate": round(rejected_eff / total_eff, 4) if total_eff else None,
+        # equivalent mutants change nothing observable; those still rejected fail a process check
+        # (a requested call skipped, an argument not grounded in the conversation)
+        "equivalent_mutants": sum(c["equivalent_rejected"] + c["equivalent_accepted"] for c in mutants.values()),
+        "mutants_accepted": sum(c["effective_accepted"] + c["equivalent_accepted"] for c in mutants.values()),
         "seconds": round(time.perf_counter() - start, 2),
     }
 

@@ -138,6 +138,13 @@ def verify(
         detail = "" if ok else _diff_detail(expected_diff, actual_diff)
         components.append(CheckResult("state_diff", ok, 1.0 if ok else 0.0, detail))
 
+    if "required_calls" in checks:
+        required = checks["required_calls"]["calls"]
+        missing_calls = _unmatched(required, replayed.succeeded, env)
+        components.append(CheckResult(
+            "required_calls", not missing_calls, _ratio(len(required) - len(missing_calls), len(required)),
+            "; ".join(f"{c['tool']}({json.dumps(c['args'], sort_keys=True)}) not done" for c in missing_calls[:3])))
+
     answer_text = "\n".join(
         m.get("content") or "" for m in trajectory.messages if m.get("role") == "assistant" and not m.get("tool_calls")
     )
@@ -209,6 +216,7 @@ class _Replay:
     errors: list[str] = field(default_factory=list)
     ungrounded: list[str] = field(default_factory=list)
     mismatched_observations: list[str] = field(default_factory=list)
+    succeeded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     strings: set[str] = field(default_factory=set)  # lower-cased scalar text seen by the assistant
     numbers: list[float] = field(default_factory=list)
     user_text: str = ""
@@ -272,6 +280,7 @@ def _replay(trajectory: Trajectory, env: Environment) -> _Replay:
                     out.errors.append(f"{name}: {error}")
                 else:
                     out.see(result)
+                    out.succeeded.append((name, args))
                 results[str(call.get("id"))] = observation(result, error)
         elif role == "tool":
             call_id = str(message.get("tool_call_id"))
@@ -282,6 +291,24 @@ def _replay(trajectory: Trajectory, env: Environment) -> _Replay:
                 out.mismatched_observations.append(f"tool message for {call_id} differs from the real result")
     out.mismatched_observations += [f"no tool message for call {c}" for c in results]
     return out
+
+
+def _unmatched(required: list[dict[str, Any]], done: list[tuple[str, dict[str, Any]]], env: Environment) -> list[dict]:
+    """Required calls with no successful call of the same tool and arguments (each call matches once;
+    an argument left at its default, or set to it, is the same call)."""
+    left = list(done)
+    missing = []
+    for want in required:
+        props = env.specs[want["tool"]].record.parameters["properties"] if want["tool"] in env.specs else {}
+        defaults = {p: s["default"] for p, s in props.items() if "default" in s}
+        full = {**defaults, **want["args"]}
+        hit = next((i for i, (name, args) in enumerate(left)
+                    if name == want["tool"] and {**defaults, **args} == full), None)
+        if hit is None:
+            missing.append(want)
+        else:
+            left.pop(hit)
+    return missing
 
 
 def _same_json(a: Any, b: str) -> bool:

@@ -90,13 +90,16 @@ def make_controls(task: Task, initial_env: Environment, final_env: Environment, 
 
 
 def accept(reference: Verdict, controls: list[Verdict]) -> tuple[bool, str | None]:
-    """Decide whether a task's verifier is trustworthy: it passes the reference and rejects every control."""
+    """Decide whether a task's verifier is trustworthy: it passes the reference and rejects every control
+    *on outcome*. Process components (required calls, grounding) would reject any departure from the
+    reference; a task is only worth keeping if what the user gets already tells good from bad, e.g. not a
+    task whose answer is in the request itself."""
     if not reference.passed:
         failed = [c.name for c in reference.components if not c.passed]
         return False, f"reference trajectory failed its verifier: {', '.join(failed)}"
-    accepted_controls = [v.control for v in controls if v.passed]
+    accepted_controls = [v.control for v in controls if v.passed or v.outcome_passed]
     if accepted_controls:
-        return False, f"verifier accepted negative control(s): {', '.join(accepted_controls)}"
+        return False, f"outcome checks accepted negative control(s): {', '.join(accepted_controls)}"
     kinds = {v.control for v in controls}
     if not {"no_op", "refusal", "hallucinated_answer", "missing_step"} <= kinds:
         return False, "required negative controls missing"

@@ -30,7 +30,8 @@ from verifiers.checks import answer_found, verify
 from verifiers.controls import make_controls
 
 DOMAIN_NAMES = sorted(DOMAINS)
-COMPONENTS = ["format", "schema", "execution", "grounding", "observations", "state_diff", "answer", "constraints"]
+COMPONENTS = ["format", "schema", "execution", "grounding", "observations", "state_diff", "required_calls",
+              "answer", "constraints"]
 
 
 # --- answer_found -------------------------------------------------------------------------------------------------

@@ -164,7 +164,7 @@ def test_reject_when_the_reference_fails_naming_its_failed_components() -> None:
 def test_reject_when_a_control_passes_naming_it() -> None:
     ok, reason = accept(REF, REQUIRED + [_verdict("wrong_argument", True), _verdict("extra_write", True)])
     assert not ok
-    assert reason == "verifier accepted negative control(s): wrong_argument, extra_write"
+    assert reason == "outcome checks accepted negative control(s): wrong_argument, extra_write"
 
 
 @pytest.mark.parametrize("missing", ["no_op", "refusal", "hallucinated_answer", "missing_step"])
@@ -177,3 +177,12 @@ def test_reject_when_a_required_control_is_absent(missing: str) -> None:
 def test_a_failing_reference_is_reported_before_passing_controls() -> None:
     ok, reason = accept(_verdict("reference", False, ("answer",)), [_verdict("no_op", True)])
     assert not ok and reason.startswith("reference trajectory failed")
+
+
+def test_a_control_failing_only_on_process_is_still_accepted_by_outcome_so_the_task_is_rejected() -> None:
+    """A task whose answer is in the request: a no-call answer fails required_calls (process) but passes
+    every outcome check, so the verifier cannot tell it from the reference by outcome: not accepted."""
+    hallucinated = _verdict("hallucinated_answer", False, ("required_calls",))
+    assert hallucinated.outcome_passed and not hallucinated.passed
+    ok, reason = accept(REF, [v for v in REQUIRED if v.control != "hallucinated_answer"] + [hallucinated])
+    assert not ok and reason == "outcome checks accepted negative control(s): hallucinated_answer"
