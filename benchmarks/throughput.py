@@ -43,8 +43,8 @@ def main() -> None:
     for label, share in (("no code checks", 0.0), ("default (3% sandboxed code checks)", 0.03)):
         runs = [measure(args.tasks, share, seed) for seed in range(args.repeats)]
         results[label] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    print(f"deterministic path, {args.tasks} tasks x {args.repeats} repeats (medians); 6 trajectories per task "
-          "(reference + 5 controls), one verification each")
+    print(f"deterministic path, {args.tasks} tasks x {args.repeats} repeats (medians); 7 trajectories per task "
+          "(reference + 6 controls), one verification each")
     print(f"{'setting':<36}{'tasks/s':>9}{'traj/s':>9}{'verif/s':>9}{'e2e traj/s':>12}{'accepted':>10}")
     for label, r in results.items():
         print(f"{label:<36}{r['tasks_per_s']:>9.1f}{r['trajectories_per_s']:>9.0f}{r['verifications_per_s']:>9.0f}"

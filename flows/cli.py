@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import sys
@@ -50,7 +51,9 @@ def cmd_query(args: argparse.Namespace) -> int:
     if rel is None:
         return 0
     if args.format == "csv":
-        rel.write_csv("/dev/stdout")
+        writer = csv.writer(sys.stdout)
+        writer.writerow(rel.columns)
+        writer.writerows(rel.fetchall())
     elif args.format == "json":
         cols = rel.columns
         for row in rel.fetchall():

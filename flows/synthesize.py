@@ -6,6 +6,8 @@ per second, and a batch is the unit that is resumed, retried and, later, distrib
 
 from __future__ import annotations
 
+import multiprocessing
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +73,17 @@ def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
     ])
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this worker when its parent dies: a run killed with SIGKILL must not leave its
+    pool workers behind (they would otherwise wait forever for work)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        pass
+
+
 def _run_batches(config: SynthesizeConfig, root: str, workers: int) -> Iterator[dict[str, Any]]:
     """Each batch's info as it finishes: in this process, or spread over ``workers`` processes.
 
@@ -81,13 +94,20 @@ def _run_batches(config: SynthesizeConfig, root: str, workers: int) -> Iterator[
         for batch in range(config.n_batches):
             yield synthesize_batch(config, batch, root)
         return
-    with ProcessPoolTaskRunner(max_workers=workers) as runner:
-        futures = [
-            runner.submit(synthesize_batch, {"config": config, "batch": b, "corpus_root": root})
-            for b in range(config.n_batches)
-        ]
-        for future in as_completed(futures):
-            yield future.result()
+    try:
+        with ProcessPoolTaskRunner(max_workers=workers, initializer=_die_with_parent) as runner:
+            futures = [
+                runner.submit(synthesize_batch, {"config": config, "batch": b, "corpus_root": root})
+                for b in range(config.n_batches)
+            ]
+            for future in as_completed(futures):
+                yield future.result()
+    finally:
+        # Pool workers have been seen to outlive the runner's shutdown inside long-lived processes (a test
+        # session, a served deployment); they hold nothing of value once every batch is back.
+        for child in multiprocessing.active_children():
+            child.terminate()
+            child.join(timeout=5)
 
 
 @flow(name="synthesize", log_prints=True)

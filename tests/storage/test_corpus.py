@@ -134,7 +134,7 @@ def test_a_leftover_temporary_file_is_ignored_and_removed(corpus: Corpus, batch)
     tables, _ = batch
     folder = corpus.shard_path("tasks", RUN, STAGE, 0).parent
     (folder / ".x.tmp").write_bytes(b"PAR1 half a file")
-    (folder / ".batch-00001.parquet.4242.tmp").write_bytes(b"PAR1 half a file")
+    (folder / ".batch-00001.parquet.999999999.tmp").write_bytes(b"PAR1 half a file")  # no such pid
     assert _count(corpus, "SELECT count(*) FROM tasks") == len(tables["tasks"])
     assert len(corpus.read("tasks")) == len(tables["tasks"])
     assert corpus.remove_temporaries() == 2
