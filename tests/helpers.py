@@ -21,3 +21,22 @@ def subprocess_env(api_url: str | None = None, **extra: str) -> dict[str, str]:
         env["PREFECT_API_URL"] = api_url
     env.update(extra)
     return env
+
+
+def execute_steps(env, calls):
+    """Hand-built executed plan steps on a fork of ``env``: ``(tool, args)`` per call, each argument a literal
+    or ``{"$ref": "sK", "path": [...]}``; returns (working env in its final state, steps, initial rows)."""
+    from generators.tasks import _Step, resolve
+
+    work = env.fork()
+    initial = work.rows()
+    steps = []
+    for i, (tool, args) in enumerate(calls):
+        refs = {p: v for p, v in args.items() if isinstance(v, dict)}
+        values = {p: resolve(steps[int(v["$ref"][1:])].result, v["path"]) if p in refs else v for p, v in args.items()}
+        result, error = work.execute(tool, values)
+        assert error is None, error
+        parents = sorted({v["$ref"] for v in refs.values()})
+        level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
+        steps.append(_Step(f"s{i}", tool, args, values, result, level, parents))
+    return work, steps, initial

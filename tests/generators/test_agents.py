@@ -23,8 +23,9 @@ import pytest
 from envs import DOMAINS, Environment
 from generators.agents import MAX_TURNS, STOP, OracleAssistant, ScriptedUser, call_tool, count_leaks, run_episode
 from generators.config import SamplingConfig
-from generators.tasks import _Step, build_task, sample_tasks
+from generators.tasks import build_task, sample_tasks
 from schemas import TABLES, Task, Trajectory
+from tests.helpers import execute_steps
 
 DOMAIN_NAMES = sorted(DOMAINS)
 
@@ -33,25 +34,9 @@ def _sample_tasks(env: Environment, n: int, seed: int) -> list[Task]:
     return [task for task, _ in sample_tasks(env, n, seed=seed, run_id="test")]
 
 
-def _resolve(value: Any, path: list[Any]) -> Any:
-    for key in path:
-        value = value[key]
-    return value
-
-
 def _hand_task(env: Environment, calls: list[tuple[str, dict[str, Any]]], private_share: float = 0.0) -> Task:
     """A task from hand-picked executed calls (``(tool, args)``, args literal or ``{"$ref", "path"}``)."""
-    work = env.fork()
-    initial = work.rows()
-    steps: list[_Step] = []
-    for i, (tool, args) in enumerate(calls):
-        refs = {p: v for p, v in args.items() if isinstance(v, dict)}
-        values = {p: _resolve(steps[int(v["$ref"][1:])].result, v["path"]) if p in refs else v for p, v in args.items()}
-        result, error = work.execute(tool, values)
-        assert error is None, error
-        parents = sorted({v["$ref"] for v in refs.values()})
-        level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
-        steps.append(_Step(f"s{i}", tool, args, values, result, level, parents))
+    work, steps, initial = execute_steps(env, calls)
     task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
                       config=SamplingConfig(private_share=private_share), task_id="hand", run_id="test", batch=0,
                       sampler_seed=0)

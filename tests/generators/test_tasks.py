@@ -24,6 +24,7 @@ from generators.config import SamplingConfig
 from generators.graph import domain_graph
 from generators.tasks import PlanSampler, _Step, build_task, signature
 from schemas import TABLES, Task
+from tests.helpers import execute_steps
 
 DOMAIN_NAMES = sorted(DOMAINS)
 TASKS_PER_DOMAIN = 30
@@ -94,20 +95,7 @@ def _replay(env: Environment, task: Task) -> tuple[Environment, dict[str, Any]]:
     return work, results
 
 
-def _execute(env: Environment, calls: list[tuple[str, dict[str, Any]]]) -> tuple[Environment, list[_Step], dict]:
-    """Hand-built executed steps: ``(tool, args)`` with args literal or ``{"$ref", "path"}``."""
-    work = env.fork()
-    initial = work.rows()
-    steps: list[_Step] = []
-    for i, (tool, args) in enumerate(calls):
-        refs = {p: v for p, v in args.items() if isinstance(v, dict)}
-        values = {p: _resolve(steps[int(v["$ref"][1:])].result, v["path"]) if p in refs else v for p, v in args.items()}
-        result, error = work.execute(tool, values)
-        assert error is None, error
-        parents = sorted({v["$ref"] for v in refs.values()})
-        level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
-        steps.append(_Step(f"s{i}", tool, args, values, result, level, parents))
-    return work, steps, initial
+_execute = execute_steps
 
 
 # --- executability ----------------------------------------------------------------------------------------------
