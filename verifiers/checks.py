@@ -1,9 +1,10 @@
 """Per-instance verification: a task's own check, component by component.
 
-Every task carries a verifier spec (``task.verifier["checks"]``). ``verify`` replays the trajectory's tool
-calls on a fresh copy of the task's initial environment, so the verdict rests on what the calls actually do,
-not on the tool results written in the transcript. Each component's result is kept: curation and RL
-rewards use them separately.
+Every task carries a verifier spec (``task.verifier["checks"]``). ``verify`` walks the conversation in order
+and replays each tool call on a fresh copy of the task's initial environment, so the outcome components
+(state_diff, answer, constraints, code) rest on what the calls actually do; the process components (format,
+schema, execution, grounding, observations, required_calls) say whether the way there is one worth training
+on. Each component's result is kept: acceptance, curation and RL rewards use them separately.
 """
 
 from __future__ import annotations
