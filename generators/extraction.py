@@ -79,8 +79,38 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
+def _strip_comments(span: str) -> str:
+    """``span`` without ``// ...`` and ``/* ... */`` comments outside strings: small models annotate their
+    JSON arguments ("A0001", // your account id), which strict JSON rejects."""
+    out, i, quote = [], 0, ""
+    while i < len(span):
+        c = span[i]
+        if quote:
+            out.append(c)
+            if c == "\\" and i + 1 < len(span):
+                out.append(span[i + 1])
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+            out.append(c)
+        elif span.startswith("//", i):
+            end = span.find("\n", i)
+            i = len(span) if end < 0 else end
+            continue
+        elif span.startswith("/*", i):
+            end = span.find("*/", i + 2)
+            i = len(span) if end < 0 else end + 2
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
 def _repair(text: str, start: int, budget: list[int]) -> tuple[Any, int] | None:
-    """Parse a near-JSON value at ``start`` (trailing commas, Python literals) or ``None``.
+    """Parse a near-JSON value at ``start`` (trailing commas, comments, Python literals) or ``None``.
 
     A small scanner finds the balanced span first: it respects both quote styles and escapes, so that
     brackets inside strings do not end the span early. ``budget[0]`` is what it may still read; it is shared by
@@ -106,7 +136,9 @@ def _repair(text: str, start: int, budget: list[int]) -> tuple[Any, int] | None:
             depth -= 1
             if depth == 0:
                 span = text[start : j + 1]
-                for parse in (lambda s: json.loads(_TRAILING_COMMA.sub(r"\1", s)), ast.literal_eval):
+                for parse in (lambda s: json.loads(_TRAILING_COMMA.sub(r"\1", s)),
+                              lambda s: json.loads(_TRAILING_COMMA.sub(r"\1", _strip_comments(s))),
+                              ast.literal_eval):
                     try:
                         return _plain(parse(span)), j + 1
                     except Exception:  # noqa: BLE001 - any parser failure just means "not repairable"

@@ -15,6 +15,7 @@ Specified here:
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -312,3 +313,35 @@ def test_round_trip_through_text(calls, style, shape, key, ascii_only):
 def test_pathological_text_is_handled_quickly_without_calls(text):
     out = ext(text)  # quadratic scanning would take minutes here; linear takes milliseconds
     assert out.calls == []
+
+
+# --- real outputs of the embedded model ------------------------------------------------------------------------
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "embedded_model_outputs.jsonl"
+
+
+def _fixture_rows() -> list[dict]:
+    return [json.loads(line) for line in FIXTURE.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("row", _fixture_rows(), ids=lambda r: r["domain"])
+def test_real_outputs_of_the_embedded_model_are_extracted_as_reviewed(row) -> None:
+    from envs import get_domain
+
+    extraction = extract_tool_calls(row["message"])
+    tools = {n: s.record for n, s in get_domain(row["domain"]).tools().items()}
+    got = [{"name": c.name, "arguments": c.arguments, "source": c.source,
+            "signal": (classify(c, tools) or "ok").split(":")[0]} for c in extraction.calls]
+    assert got == row["expected"]
+
+
+def test_the_embedded_model_corpus_covers_the_formats_it_writes() -> None:
+    """The small model writes fenced or bare JSON (never native calls), invents tool names, and sometimes
+    answers with code instead of a call: the fixture must keep all of that in view."""
+    rows = _fixture_rows()
+    sources = {c["source"] for r in rows for c in r["expected"]}
+    signals = {c["signal"] for r in rows for c in r["expected"]}
+    assert {"fenced", "bare"} <= sources and "native" not in sources
+    assert {"ok", "hallucinated_tool"} <= signals
+    assert any(not r["expected"] for r in rows)  # prose or code, no call
+    assert sum(bool(r["expected"]) for r in rows) >= 0.8 * len(rows)
