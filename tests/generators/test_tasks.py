@@ -156,32 +156,26 @@ def test_sampled_depth_is_exactly_the_requested_one(depth: int, envs) -> None:
         assert got and set(got) == {depth}, f"{domain}: asked for depth {depth}, got {got}"
 
 
+def _signatures(sampler: PlanSampler, n: int, seed: int = 9) -> list:
+    """Signatures of the plans ``n`` sampling attempts realise."""
+    rng = random.Random(seed)
+    return [signature(s[1]) for s in (sampler.sample(rng) for _ in range(n)) if s is not None]
+
+
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_nonlinear_share_one_makes_most_plans_branch(domain: str, envs) -> None:
-    sampler = _sampler(envs[domain], nonlinear_share=1.0, max_width=3)
-    rng = random.Random(9)
-    shapes = Counter()
-    for _ in range(40):
-        sampled = sampler.sample(rng)
-        if sampled is not None:
-            sig = signature(sampled[1])
-            shapes[sig.topology] += 1
-            assert sig.width <= 3  # one backbone step per level plus at most max_width - 1 branches
+    sigs = _signatures(_sampler(envs[domain], nonlinear_share=1.0, max_width=3), n=40)
+    shapes = Counter(sig.topology for sig in sigs)
+    assert all(sig.width <= 3 for sig in sigs)  # one backbone step per level plus at most max_width - 1 branches
     linear = shapes["single"] + shapes["chain"]
     assert linear < sum(shapes.values()) / 2, f"{domain}: {dict(shapes)}"
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_nonlinear_share_zero_gives_only_single_calls_and_chains(domain: str, envs) -> None:
-    sampler = _sampler(envs[domain], nonlinear_share=0.0, max_width=3)
-    rng = random.Random(9)
-    shapes = Counter()
-    for _ in range(40):
-        sampled = sampler.sample(rng)
-        if sampled is not None:
-            sig = signature(sampled[1])
-            shapes[sig.topology] += 1
-            assert sig.width == 1 and sig.n_calls == sig.depth
+    sigs = _signatures(_sampler(envs[domain], nonlinear_share=0.0, max_width=3), n=40)
+    shapes = Counter(sig.topology for sig in sigs)
+    assert all(sig.width == 1 and sig.n_calls == sig.depth for sig in sigs)
     assert set(shapes) <= {"single", "chain"}, f"{domain}: {dict(shapes)}"
     assert shapes["chain"] > 0
 
