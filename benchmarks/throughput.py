@@ -22,7 +22,8 @@ from generators.config import SynthesizeConfig  # noqa: E402
 
 
 def measure(n_tasks: int, code_share: float, seed: int) -> dict[str, float]:
-    config = SynthesizeConfig(n_tasks=n_tasks, batch_size=n_tasks, seed=seed, code_check_share=code_share)
+    config = SynthesizeConfig(n_tasks=n_tasks, batch_size=n_tasks, seed=seed, code_check_share=code_share,
+                             agents={"llm_tasks": 0})
     s = run_batch(config, 0).summary
     t = s["timings_s"]
     return {

@@ -24,6 +24,18 @@ def _load_config(args: argparse.Namespace):
             data[key] = value
     if args.domains:
         data["domains"] = args.domains.split(",")
+    agents = data.setdefault("agents", {})
+    if getattr(args, "llm_tasks", None) is not None:
+        agents["llm_tasks"] = args.llm_tasks
+    if getattr(args, "base_url", None):
+        # one named endpoint for every LLM role: the same flow on vLLM, OpenAI or any compatible server
+        endpoint = {"base_url": args.base_url, "model": args.model or "default",
+                    "structured_output": args.structured_output or "json_schema"}
+        if args.max_concurrency:
+            endpoint["max_concurrency"] = args.max_concurrency
+        agents.setdefault("endpoints", {})["cli"] = endpoint
+        for role in ("assistant", "user", "task_writer"):
+            agents.setdefault(role, {})["endpoint"] = "cli"
     return SynthesizeConfig(**data)
 
 
@@ -35,7 +47,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
     cov = summary["coverage"]
     print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
-                     | {"coverage": cov}, indent=2))
+                     | {"coverage": cov, "llm": summary["llm"], "llm_usage": summary["llm_usage"],
+                        "embedded_server_requests": summary["embedded_server_requests"]}, indent=2))
     return 0
 
 
@@ -118,6 +131,17 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--seed", type=int)
         p.add_argument("--run-name", dest="run_name")
         p.add_argument("--domains", help="comma-separated, e.g. retail,banking")
+        p.add_argument("--llm-tasks", dest="llm_tasks", type=int,
+                       help="tasks that also get LLM rollouts (0 = scripted agents only, no model)")
+        p.add_argument("--base-url", dest="base_url",
+                       help="an OpenAI-compatible endpoint for every LLM role, e.g. http://127.0.0.1:8000/v1 "
+                            "(default: the embedded local model)")
+        p.add_argument("--model", help="model name at --base-url")
+        p.add_argument("--structured-output", dest="structured_output",
+                       choices=["json_schema", "json_object_schema", "none"],
+                       help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
+                            "json_object_schema; none: native tool calls)")
+        p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
 
     p = sub.add_parser("synthesize", help="run the synthesize flow (resumes a run with the same config)")
     config_args(p)

@@ -17,7 +17,9 @@ from envs import Environment, get_domain
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig
 from generators.graph import Coverage, domain_graph
+from flows.rollouts import LLMStage
 from generators.tasks import PlanSampler, sample_task, task_id_for
+from schemas import Task
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
 
@@ -43,57 +45,56 @@ class BatchResult:
     coverage: Coverage = field(default_factory=Coverage)
 
 
-def run_batch(config: SynthesizeConfig, batch: int) -> BatchResult:
-    """Sample, execute, phrase, roll out, control and verify the tasks of one batch."""
+@dataclass
+class _Rows:
+    """What a batch accumulates: table rows, counters, timings, coverage."""
+
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    trajectories: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[dict[str, Any]] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    timings: Counter = field(default_factory=Counter)
+    coverage: Coverage = field(default_factory=Coverage)
+
+
+def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | None = None,
+              cache_path: str | None = None) -> BatchResult:
+    """Sample, execute, phrase, roll out, control and verify the tasks of one batch.
+
+    Args:
+        config: The run's config.
+        batch: Which batch.
+        base_urls: Runtime URLs of endpoints configured without one (the embedded model's server).
+        cache_path: The LLM request cache (SQLite); None = no cache.
+    """
     start = time.perf_counter()
-    run_id = config.run_id
     first = batch * config.batch_size
     indices = range(first, min(first + config.batch_size, config.n_tasks))
     envs = {d: Environment(get_domain(d), env_seed(config, batch, d)) for d in config.domains}
     usage: Counter = Counter()
     samplers = {d: PlanSampler(envs[d], domain_graph(d), config.sampling, usage) for d in config.domains}
-    coverage = Coverage()
-    tasks, trajectories, verdicts = [], [], []
-    counts: Counter = Counter()
-    timings: Counter = Counter()
-    for index in indices:
-        domain = config.domains[index % len(config.domains)]
-        env, sampler = envs[domain], samplers[domain]
-        rng = random.Random(f"{config.seed}/{batch}/{index}")
-        t0 = time.perf_counter()
-        task, retries = sample_task(sampler, rng, task_id=task_id_for(run_id, batch, index), run_id=run_id,
-                                    batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
-        counts["sample_retries"] += retries
-        if task is None:
-            counts["sample_failures"] += 1
-            continue
-        parallel = rng.random() < config.sampling.parallel_share
-        t1 = time.perf_counter()
-        timings["sample_s"] += t1 - t0
-        reference_env = env.fork()
-        user = ScriptedUser(task)
-        reference = run_episode(task, user, OracleAssistant(task, parallel=parallel), reference_env,
-                                role="reference", trajectory_id=f"{task.task_id}-reference")
-        counts["user_leaks"] += count_leaks(task, reference.messages)
-        episodes = [reference]
-        for spec in make_controls(task, env, reference_env, rng):
-            fault = Fault(**spec)
-            episodes.append(run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel, fault=fault),
-                                        env.fork(), role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}"))
-        t2 = time.perf_counter()
-        timings["rollout_s"] += t2 - t1
-        results = [verify(task, ep, env, expected_pass=ep.role == "reference") for ep in episodes]
-        timings["verify_s"] += time.perf_counter() - t2
-        counts["verifications"] += len(results)
-        task.accepted, task.reject_reason = accept(results[0], results[1:])
-        counts["accepted" if task.accepted else "rejected"] += 1
-        counts["trajectories"] += len(episodes)
-        if task.accepted:
-            coverage.add(domain, [(s.tool, [task.reference_plan[int(d[1:])].tool for d in s.depends_on])
-                                  for s in task.reference_plan])
-        tasks.append(task.to_row())
-        trajectories += [ep.to_row() for ep in episodes]
-        verdicts += [v.to_row() for v in results]
+    quota = config.llm_quota(batch)
+    llm = LLMStage(config, base_urls or {}, cache_path) if quota else None
+    rows = _Rows()
+    try:
+        llm_jobs = []
+        for index in indices:
+            # the first accepted tasks short enough for the agents get LLM rollouts, up to the batch's quota
+            wanted = len(llm_jobs) < quota and llm is not None
+            task = _task(config, batch, index, envs, samplers, llm if wanted else None, rows)
+            if task is not None and task.accepted and wanted and len(task.reference_plan) <= config.agents.max_calls:
+                llm_jobs.append((task, envs[task.domain]))
+        if llm is not None:
+            t0 = time.perf_counter()
+            attempts = llm.rollouts(llm_jobs)
+            rows.timings["llm_rollout_s"] += time.perf_counter() - t0
+            rows.trajectories += [a.trajectory.to_row() for a in attempts]
+            rows.verdicts += [a.verdict.to_row() for a in attempts]
+            rows.counts["trajectories"] += len(attempts)
+            rows.counts["verifications"] += len(attempts)
+    finally:
+        if llm is not None:
+            llm.close()
     environments = [
         {"domain": d, "seed": e.seed, "state_hash": e.state_hash(), "row_counts": e.row_counts(),
          "tools": sorted(e.specs), "schema_version": 1}
@@ -101,15 +102,64 @@ def run_batch(config: SynthesizeConfig, batch: int) -> BatchResult:
     ]
     summary = {
         "batch": batch,
-        "tasks": len(tasks),
-        **{k: counts[k] for k in ("accepted", "rejected", "sample_retries", "sample_failures", "trajectories",
-                                  "verifications", "user_leaks")},
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "tasks": len(rows.tasks),
+        **{k: rows.counts[k] for k in ("accepted", "rejected", "sample_retries", "sample_failures", "trajectories",
+                                       "verifications", "user_leaks")},
+        "llm": dict(sorted(llm.counts.items())) if llm is not None else {},
+        "timings_s": {k: round(v, 3) for k, v in rows.timings.items()},
         "duration_s": round(time.perf_counter() - start, 3),
-        "coverage": coverage.to_dict(),
+        "coverage": rows.coverage.to_dict(),
     }
-    return BatchResult(
-        tables={"tasks": tasks, "trajectories": trajectories, "verdicts": verdicts, "environments": environments},
-        summary=summary,
-        coverage=coverage,
-    )
+    tables = {"tasks": rows.tasks, "trajectories": rows.trajectories, "verdicts": rows.verdicts,
+              "environments": environments}
+    if llm is not None:
+        tables["llm_usage"] = llm.usage_rows(batch)
+    return BatchResult(tables=tables, summary=summary, coverage=rows.coverage)
+
+
+def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Environment],
+          samplers: dict[str, PlanSampler], writer: LLMStage | None, rows: _Rows) -> Task | None:
+    """Sample one task, (have its requests rewritten,) roll out its reference and controls, verify them."""
+    domain = config.domains[index % len(config.domains)]
+    env, sampler = envs[domain], samplers[domain]
+    rng = random.Random(f"{config.seed}/{batch}/{index}")
+    t0 = time.perf_counter()
+    task, retries = sample_task(sampler, rng, task_id=task_id_for(config.run_id, batch, index), run_id=config.run_id,
+                                batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
+    rows.counts["sample_retries"] += retries
+    if task is None:
+        rows.counts["sample_failures"] += 1
+        return None
+    parallel = rng.random() < config.sampling.parallel_share
+    t1 = time.perf_counter()
+    rows.timings["sample_s"] += t1 - t0
+    if writer is not None and len(task.reference_plan) > config.agents.max_calls:
+        writer = None
+    if writer is not None:  # before any rollout: the verifier is proven on the requests the agents will see
+        writer.write_requests(task, env)
+        t1 = time.perf_counter()
+        rows.timings["llm_writer_s"] += t1 - t0
+    reference_env = env.fork()
+    reference = run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel), reference_env,
+                            role="reference", trajectory_id=f"{task.task_id}-reference")
+    rows.counts["user_leaks"] += count_leaks(task, reference.messages)
+    episodes = [reference]
+    for spec in make_controls(task, env, reference_env, rng):
+        fault = Fault(**spec)
+        episodes.append(run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel, fault=fault),
+                                    env.fork(), role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}"))
+    t2 = time.perf_counter()
+    rows.timings["rollout_s"] += t2 - t1
+    results = [verify(task, ep, env, expected_pass=ep.role == "reference") for ep in episodes]
+    rows.timings["verify_s"] += time.perf_counter() - t2
+    rows.counts["verifications"] += len(results)
+    task.accepted, task.reject_reason = accept(results[0], results[1:])
+    rows.counts["accepted" if task.accepted else "rejected"] += 1
+    rows.counts["trajectories"] += len(episodes)
+    if task.accepted:
+        rows.coverage.add(domain, [(s.tool, [task.reference_plan[int(d[1:])].tool for d in s.depends_on])
+                                   for s in task.reference_plan])
+    rows.tasks.append(task.to_row())
+    rows.trajectories += [ep.to_row() for ep in episodes]
+    rows.verdicts += [v.to_row() for v in results]
+    return task

@@ -7,6 +7,7 @@ per second, and a batch is the unit that is resumed, retried and, later, distrib
 from __future__ import annotations
 
 import multiprocessing
+from collections import Counter
 import signal
 import sys
 from collections.abc import Iterator
@@ -21,19 +22,39 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig, code_version
+from generators.embedded import EmbeddedServer
+from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable
 from generators.graph import Coverage, domain_graph
 from storage import Corpus
 
 STAGE = "synthesize"
 
 
-@task(name="synthesize-batch", task_run_name="batch-{batch}")
-def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str) -> dict[str, Any]:
+def llm_cache_path(corpus: Corpus) -> Path:
+    """The run-independent LLM request cache of a corpus: a re-run, or a resumed one, asks nothing twice."""
+    return corpus.root / "_cache" / "llm.sqlite"
+
+
+def _endpoint_failed(task, task_run, state) -> bool:
+    """Retry a batch only when a model endpoint gave out (its answers so far are cached); not on bugs."""
+    try:
+        state.result()
+    except EndpointUnavailable:
+        return True
+    except Exception:  # noqa: BLE001 - any other failure is not worth a retry
+        return False
+    return False
+
+
+@task(name="synthesize-batch", task_run_name="batch-{batch}", retries=2, retry_delay_seconds=10,
+      retry_condition_fn=_endpoint_failed)
+def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
+                     base_urls: dict[str, str] | None = None) -> dict[str, Any]:
     """Produce and store one batch; a batch whose shards are complete is skipped (resume)."""
     corpus = Corpus(corpus_root)
     if corpus.batch_done(config.run_id, STAGE, batch):
         return {"batch": batch, "skipped": True}
-    result = run_batch(config, batch)
+    result = run_batch(config, batch, base_urls, cache_path=str(llm_cache_path(corpus)))
     corpus.write_batch(config.run_id, STAGE, batch, result.tables, result.summary)
     return {k: v for k, v in result.summary.items() if k != "coverage"}
 
@@ -52,11 +73,29 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
         for k in totals:
             totals[k] += s.get(k, 0)
         coverage.merge(Coverage.from_dict(s["coverage"]))
+    llm: Counter = Counter()
+    for b in batches:
+        llm.update(b["summary"].get("llm", {}))
+    totals["llm"] = dict(sorted(llm.items()))
+    totals["llm_usage"] = usage_summary(corpus, config.run_id)
     totals["acceptance_rate"] = round(totals["accepted"] / totals["tasks"], 4) if totals["tasks"] else 0.0
     totals["batches_done"] = len(batches)
     totals["batches_total"] = config.n_batches
     totals["coverage"] = coverage.summary()
     return totals
+
+
+def usage_summary(corpus: Corpus, run_id: str) -> list[dict[str, Any]]:
+    """Requests, cache hits, retries, tokens and cost of the run per stage, role and model (from ``llm_usage``)."""
+    if "llm_usage" not in corpus.tables():
+        return []
+    counts = ", ".join(f"sum({k})::BIGINT AS {k}" for k in USAGE_COUNTS)
+    con = corpus.connect()
+    rel = con.execute(f"SELECT stage, role, model, {counts}, round(sum(cost_usd), 6) AS cost_usd, "
+                      f"round(sum(latency_s), 1) AS latency_s FROM llm_usage WHERE run_id = ? "
+                      f"GROUP BY ALL ORDER BY ALL", [run_id])
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, row)) for row in rel.fetchall()]
 
 
 def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
@@ -68,9 +107,42 @@ def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
         *(f"| {k} | {summary[k]} |" for k in ("tasks", "accepted", "rejected", "acceptance_rate", "trajectories",
                                                "verifications", "sample_failures", "user_leaks", "batches_done")),
         *(f"| coverage: {k} | {v} |" for k, v in cov.items()),
+        *_llm_markdown(summary),
         "",
         f"Corpus: `{root}`. Query it: `synthloop query \"SELECT domain, count(*) FROM accepted_tasks GROUP BY 1\"`.",
     ])
+
+
+class _ModelServer:
+    """The embedded model's server for the length of the batches, when a role needs it and work is left."""
+
+    def __init__(self, needed: bool, corpus: Corpus):
+        self.server = EmbeddedServer(log_path=corpus.root / "_cache" / "model-server.log") if needed else None
+        self.urls: dict[str, str] = {}
+        self.requests = 0
+
+    def __enter__(self) -> _ModelServer:
+        if self.server is not None:
+            self.server.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.urls = {EMBEDDED: self.server.start()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.requests = self.server.chat_requests()
+            self.server.stop()
+
+
+def _llm_markdown(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("llm_usage") and not summary.get("llm"):
+        return []
+    lines = ["", "## LLM agents", "", "| counter | value |", "|---|---|",
+             *(f"| {k} | {v} |" for k, v in summary.get("llm", {}).items()),
+             "", "| stage | role | model | requests | cache hits | retries | prompt tokens | completion tokens | cost USD |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {u['stage']} | {u['role']} | {u['model']} | {u['requests']} | {u['cache_hits']} | {u['retries']} | "
+              f"{u['prompt_tokens']} | {u['completion_tokens']} | {u['cost_usd']} |" for u in summary["llm_usage"]]
+    return lines
 
 
 def _die_with_parent() -> None:
@@ -84,7 +156,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _run_batches(config: SynthesizeConfig, root: str, workers: int) -> Iterator[dict[str, Any]]:
+def _run_batches(config: SynthesizeConfig, root: str, workers: int,
+                 base_urls: dict[str, str]) -> Iterator[dict[str, Any]]:
     """Each batch's info as it finishes: in this process, or spread over ``workers`` processes.
 
     A batch is a config and an index in and shards out, so any task runner can place it; processes are
@@ -92,12 +165,13 @@ def _run_batches(config: SynthesizeConfig, root: str, workers: int) -> Iterator[
     """
     if workers <= 1:
         for batch in range(config.n_batches):
-            yield synthesize_batch(config, batch, root)
+            yield synthesize_batch(config, batch, root, base_urls)
         return
     try:
         with ProcessPoolTaskRunner(max_workers=workers, initializer=_die_with_parent) as runner:
             futures = [
-                runner.submit(synthesize_batch, {"config": config, "batch": b, "corpus_root": root})
+                runner.submit(synthesize_batch, {"config": config, "batch": b, "corpus_root": root,
+                                                 "base_urls": base_urls})
                 for b in range(config.n_batches)
             ]
             for future in as_completed(futures):
@@ -135,10 +209,12 @@ def synthesize(
         corpus.write_batch(run_id, "catalog", 0, catalog_rows(config.domains), {"domains": config.domains})
     progress_id = create_progress_artifact(0.0, key=f"synthesize-{run_id}".lower(), description="Batches done")
     interactive = sys.stderr.isatty()
-    with Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    pending = [b for b in range(config.n_batches) if not corpus.batch_done(run_id, STAGE, b)]
+    server = _ModelServer(config.agents.needs_embedded() and bool(pending), corpus)
+    with server, Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:
         job = bar.add_task("batches", total=config.n_batches)
-        for done, info in enumerate(_run_batches(config, str(corpus.root), workers), 1):
+        for done, info in enumerate(_run_batches(config, str(corpus.root), workers, server.urls), 1):
             if info.get("skipped"):
                 logger.info("batch %d already complete: skipped", info["batch"])
             else:
@@ -147,6 +223,7 @@ def synthesize(
             bar.advance(job)
             update_progress_artifact(progress_id, 100.0 * done / config.n_batches)
     summary = summarize(corpus, config)
+    summary["embedded_server_requests"] = server.requests
     corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
     corpus.write_catalog()
     create_markdown_artifact(_markdown(run_id, summary, corpus.root), key=f"synthesize-summary-{run_id}".lower(),

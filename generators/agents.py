@@ -9,6 +9,7 @@ the negative control a verifier must reject.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import time
@@ -54,27 +55,49 @@ def call_tool(env: Environment, call: dict[str, Any]) -> str:
     return observation(*env.call(call))
 
 
+async def _value(x: Any) -> Any:
+    return await x if inspect.isawaitable(x) else x
+
+
 def run_episode(
-    task: Task, user: User, assistant: Assistant, env: Environment, *, role: str, trajectory_id: str
+    task: Task, user: User, assistant: Assistant, env: Environment, *, role: str, trajectory_id: str,
+    max_turns: int = MAX_TURNS,
 ) -> Trajectory:
-    """Run one conversation to the user's stop marker (or ``MAX_TURNS``) and record it."""
+    """Run one conversation with synchronous agents (scripted user, oracle assistant) and record it."""
+    coro = arun_episode(task, user, assistant, env, role=role, trajectory_id=trajectory_id, max_turns=max_turns)
+    try:  # nothing in it suspends: drive the coroutine by hand, no event loop per episode
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("run_episode got an agent that awaits I/O; use `await arun_episode(...)`")
+
+
+async def arun_episode(
+    task: Task, user: Any, assistant: Any, env: Any, *, role: str, trajectory_id: str, max_turns: int = MAX_TURNS,
+) -> Trajectory:
+    """Run one conversation to the user's stop marker (or ``max_turns``) and record it.
+
+    Agents' ``act``/``respond`` and the environment's ``call`` may be plain or async (LLM agents, a tool mock).
+    """
     start = time.perf_counter()
     messages: list[Message] = [
         {"role": "system", "content": system_prompt(env)},
         {"role": "user", "content": user.first_message()},
     ]
     turns = 0
-    while turns < MAX_TURNS and not user.stopped:
+    while turns < max_turns and not user.stopped:
         turns += 1
-        reply = assistant.act(messages)
+        reply = await _value(assistant.act(messages))
         messages.append(reply)
         calls = reply.get("tool_calls") or []
         for k, call in enumerate(calls):
             fn = call.get("function") if isinstance(call, dict) else None
+            content = observation(*(await _value(env.call(call))))
             messages.append({"role": "tool", "tool_call_id": str(call.get("id") or f"call_{turns}_{k}"),
-                             "name": str((fn or {}).get("name") or ""), "content": call_tool(env, call)})
+                             "name": str((fn or {}).get("name") or ""), "content": content})
         if not calls:
-            messages.append({"role": "user", "content": user.respond(messages)})
+            messages.append({"role": "user", "content": await _value(user.respond(messages))})
     return Trajectory(
         trajectory_id=trajectory_id,
         task_id=task.task_id,
@@ -89,6 +112,11 @@ def run_episode(
             "user_model": user.model,
             "assistant_model": assistant.model,
             "n_turns": turns,
+            "user_stopped": bool(user.stopped),
+            "attempt": 0,
+            "hint": None,
+            "preferred": False,
+            "signals": {},
             "n_tool_calls": sum(len(m.get("tool_calls") or []) for m in messages),
             "duration_s": round(time.perf_counter() - start, 6),
         },

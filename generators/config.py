@@ -8,7 +8,11 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from typing import Literal
+
 from pydantic import BaseModel, Field, field_validator, model_validator
+
+from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
 
 
 @lru_cache(maxsize=1)
@@ -17,7 +21,7 @@ def code_version() -> str:
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
     for package in ("envs", "generators", "verifiers"):
-        for path in sorted((root / package).rglob("*.py")):
+        for path in sorted([*(root / package).rglob("*.py"), *(root / package).rglob("prompts/*.md")]):
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
@@ -51,6 +55,56 @@ class SamplingConfig(BaseModel):
         return self
 
 
+class RoleConfig(BaseModel):
+    """Who plays one role, on which endpoint, with which sampling parameters."""
+
+    agent: Literal["scripted", "llm"] = Field("llm", description="'scripted' (deterministic, no model) or 'llm'.")
+    endpoint: str = Field(EMBEDDED, description="Name of an entry in `endpoints`.")
+    sampling: Sampling = Field(default_factory=Sampling)
+
+
+class AgentsConfig(BaseModel):
+    """The LLM side of a run: which agents play which role, on which endpoints, within which budget.
+
+    Every task gets a scripted reference rollout and negative controls (that is how its verifier is proven);
+    ``llm_tasks`` of them, spread evenly over the run, are also rolled out by the configured agents: the task
+    writer rewrites their requests first, then the assistant (teacher) tries, and on a failed verification
+    tries again with a hint. Failed attempts are kept as negatives with their verdicts.
+    """
+
+    llm_tasks: int = Field(4, ge=0, description="Tasks that also get LLM rollouts (0 = scripted agents only, no model).")
+    assistant: RoleConfig = Field(default_factory=lambda: RoleConfig(sampling=Sampling(temperature=0.2, max_tokens=256)))
+    user: RoleConfig = Field(default_factory=lambda: RoleConfig(sampling=Sampling(temperature=0.7, max_tokens=96)))
+    task_writer: RoleConfig = Field(default_factory=lambda: RoleConfig(sampling=Sampling(temperature=0.8, max_tokens=160)))
+    hints: list[Literal["plan", "feedback"]] = Field(
+        default_factory=lambda: ["plan"],
+        description="Retries after a failed attempt, in order: 'plan' shows the reference path (private values "
+        "masked), 'feedback' the failed verifier checks. [] = one attempt per task.")
+    max_calls: int = Field(2, ge=1, le=50, description="Only tasks whose reference plan has at most this many calls "
+                           "get LLM rollouts (a 0.5B model rarely solves longer ones).")
+    max_turns: int = Field(6, ge=2, le=40, description="Assistant turns per LLM conversation.")
+    concurrency: int = Field(4, ge=1, le=512, description="LLM conversations in flight at once per batch.")
+    endpoints: dict[str, EndpointConfig] = Field(
+        default_factory=lambda: {EMBEDDED: EndpointConfig()},
+        description="Named OpenAI-compatible endpoints; one without base_url is the embedded local model.")
+    budget: Budget = Field(default_factory=Budget)
+
+    @model_validator(mode="after")
+    def _known_endpoints(self) -> AgentsConfig:
+        for role in ("assistant", "user", "task_writer"):
+            cfg: RoleConfig = getattr(self, role)
+            if cfg.agent == "llm" and cfg.endpoint not in self.endpoints:
+                raise ValueError(f"agents.{role}.endpoint {cfg.endpoint!r} is not in agents.endpoints "
+                                 f"({sorted(self.endpoints)}); add it there or pick one of those")
+        return self
+
+    def roles(self) -> dict[str, RoleConfig]:
+        return {r: getattr(self, r) for r in ("assistant", "user", "task_writer") if getattr(self, r).agent == "llm"}
+
+    def needs_embedded(self) -> bool:
+        return self.llm_tasks > 0 and any(self.endpoints[r.endpoint].base_url is None for r in self.roles().values())
+
+
 class SynthesizeConfig(BaseModel):
     """One synthesis run: which domains, how many tasks, how they are sampled, where the corpus goes."""
 
@@ -66,6 +120,7 @@ class SynthesizeConfig(BaseModel):
     code_check_share: float = Field(
         0.03, ge=0, le=1, description="Share of tasks that also carry a verifier check expressed as code (run sandboxed)."
     )
+    agents: AgentsConfig = Field(default_factory=AgentsConfig)
 
     @field_validator("domains")
     @classmethod
@@ -78,6 +133,11 @@ class SynthesizeConfig(BaseModel):
         if len(set(domains)) != len(domains):
             raise ValueError(f"domains listed twice in {domains}")
         return domains
+
+    def llm_quota(self, batch: int) -> int:
+        """How many of the batch's tasks get LLM rollouts: ``agents.llm_tasks`` spread evenly over the batches."""
+        k = self.agents.llm_tasks if self.agents.roles() else 0
+        return k * (batch + 1) // self.n_batches - k * batch // self.n_batches
 
     @property
     def n_batches(self) -> int:

@@ -336,6 +336,11 @@ TRAJECTORIES = Table(
                     "n_turns": _INT,
                     "n_tool_calls": _INT,
                     "duration_s": _NUM,
+                    "user_stopped": _BOOL,
+                    "attempt": _INT,
+                    "hint": {"enum": [None, "plan", "feedback"]},
+                    "preferred": _BOOL,
+                    "signals": {"type": "object", "additionalProperties": _INT},
                 }
             ),
             "schema_version": _INT,
@@ -361,6 +366,11 @@ TRAJECTORIES = Table(
                         ("n_turns", pa.int32()),
                         ("n_tool_calls", pa.int32()),
                         ("duration_s", pa.float64()),
+                        ("user_stopped", pa.bool_()),
+                        ("attempt", pa.int32()),
+                        ("hint", pa.string()),
+                        ("preferred", pa.bool_()),
+                        ("signals", pa.map_(pa.string(), pa.int32())),
                     ]
                 ),
             ),
@@ -414,4 +424,38 @@ VERDICTS = Table(
     ),
 )
 
-TABLES: dict[str, Table] = {t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS)}
+USAGE_COUNTS = ("requests", "cache_hits", "retries", "rate_limited", "server_errors", "timeouts",
+                 "connection_errors", "malformed", "prompt_tokens", "completion_tokens")
+
+LLM_USAGE = Table(
+    "llm_usage",
+    _obj(
+        {
+            "run_id": _STR,
+            "batch": _INT,
+            "stage": _STR,
+            "role": _STR,
+            "model": _STR,
+            **{k: {"type": "integer", "minimum": 0} for k in USAGE_COUNTS},
+            "cost_usd": _NUM,
+            "latency_s": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("run_id", pa.string()),
+            ("batch", pa.int32()),
+            ("stage", pa.string()),
+            ("role", pa.string()),
+            ("model", pa.string()),
+            *((k, pa.int64()) for k in USAGE_COUNTS),
+            ("cost_usd", pa.float64()),
+            ("latency_s", pa.float64()),
+        ]
+    ),
+)
+
+TABLES: dict[str, Table] = {
+    t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE)
+}

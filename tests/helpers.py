@@ -40,3 +40,6 @@ def execute_steps(env, calls):
         level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
         steps.append(_Step(f"s{i}", tool, args, values, result, level, parents))
     return work, steps, initial
+
+
+SCRIPTED = {"llm_tasks": 0}  # agents config of tests that need no model: scripted user and oracle assistant only

@@ -14,7 +14,7 @@ from tests.helpers import REPO, subprocess_env
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["--n-tasks", "160", "--batch-size", "20", "--run-name", "killtest", "--domains", "retail,banking"]
+ARGS = ["--n-tasks", "160", "--batch-size", "20", "--run-name", "killtest", "--domains", "retail,banking", "--llm-tasks", "0"]
 
 
 def synthesize_cmd(root) -> list[str]:

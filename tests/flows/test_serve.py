@@ -44,7 +44,7 @@ def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
     corpus = tmp_path / "corpus"
     serve = subprocess.Popen(
         [sys.executable, "-m", "flows.cli", "serve", "--n-tasks", "40", "--batch-size", "20",
-         "--run-name", "served", "--corpus", str(corpus), "--cron", "0 3 * * *"],
+         "--run-name", "served", "--llm-tasks", "0", "--corpus", str(corpus), "--cron", "0 3 * * *"],
         cwd=REPO, env=subprocess_env(api), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:

@@ -6,6 +6,7 @@ import pytest
 
 from generators.config import SynthesizeConfig
 from storage import Corpus
+from tests.helpers import SCRIPTED
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +16,7 @@ def run(prefect_server, tmp_path_factory):
     from flows.synthesize import synthesize
 
     root = tmp_path_factory.mktemp("corpus")
-    config = SynthesizeConfig(n_tasks=60, batch_size=20, run_name="flowtest")
+    config = SynthesizeConfig(n_tasks=60, batch_size=20, run_name="flowtest", agents=SCRIPTED)
     summary = synthesize(config=config, corpus_root=str(root))
     return config, root, summary
 

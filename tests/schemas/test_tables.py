@@ -22,6 +22,8 @@ import pytest
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from schemas import SCHEMA_VERSION, TABLES, Task
+from generators.llm import Usage
+from tests.helpers import SCRIPTED
 
 # Keys of the OpenAI message struct that a message may omit; Arrow stores an omitted key as null.
 _OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")
@@ -32,9 +34,14 @@ _RECORD_KEY = {"tasks": "task_id", "trajectories": "trajectory_id", "verdicts": 
 @pytest.fixture(scope="module")
 def rows() -> dict[str, list[dict[str, Any]]]:
     """Real rows of every table: one small synthesis batch plus the catalog of all built-in domains."""
-    result = run_batch(SynthesizeConfig(n_tasks=8, batch_size=8), 0)
+    result = run_batch(SynthesizeConfig(n_tasks=8, batch_size=8, agents=SCRIPTED), 0)
     tables = dict(result.tables)
     tables.update(catalog_rows(["retail", "calendar", "banking", "files"]))
+    usage = Usage()  # what the call layer records; no model needed to produce the rows
+    usage.add("rollout", "assistant", "m", requests=2, retries=1, prompt_tokens=900, completion_tokens=40,
+              cost_usd=0.00012, latency_s=3.5)
+    usage.add("tasks", "task_writer", "m", cache_hits=3)
+    tables["llm_usage"] = usage.to_rows("r", 0)
     assert set(tables) == set(TABLES)
     for name, table_rows in tables.items():
         assert table_rows, f"no {name} rows to test with"

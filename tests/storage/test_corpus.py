@@ -25,8 +25,9 @@ from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from schemas import TABLES
 from storage import Corpus, export_trl
+from tests.helpers import SCRIPTED
 
-CONFIG = SynthesizeConfig(n_tasks=12, batch_size=12)
+CONFIG = SynthesizeConfig(n_tasks=12, batch_size=12, agents=SCRIPTED)
 RUN = CONFIG.run_id
 STAGE = "synthesize"
 

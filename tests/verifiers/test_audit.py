@@ -6,10 +6,11 @@ from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from storage import Corpus
 from verifiers.audit import MUTATIONS, audit
+from tests.helpers import SCRIPTED
 
 
 def test_audit_of_a_fresh_corpus_finds_every_verifier_sound(tmp_path):
-    config = SynthesizeConfig(n_tasks=40, batch_size=40, run_name="audit")
+    config = SynthesizeConfig(n_tasks=40, batch_size=40, run_name="audit", agents=SCRIPTED)
     result = run_batch(config, 0)
     corpus = Corpus(tmp_path)
     corpus.write_batch(config.run_id, "synthesize", 0, result.tables, result.summary)
@@ -28,7 +29,7 @@ def test_audit_of_a_fresh_corpus_finds_every_verifier_sound(tmp_path):
 
 def test_audit_reports_environment_drift(tmp_path, monkeypatch):
     """A task whose environment changed since it was made is not silently judged against the new one."""
-    config = SynthesizeConfig(n_tasks=8, batch_size=8, run_name="drift", domains=["retail"])
+    config = SynthesizeConfig(n_tasks=8, batch_size=8, run_name="drift", domains=["retail"], agents=SCRIPTED)
     result = run_batch(config, 0)
     for row in result.tables["tasks"]:
         row["initial_state_hash"] = "0" * 16  # as if the generator had changed since

@@ -1,0 +1,410 @@
+"""The LLM call layer: one async client per OpenAI-compatible endpoint, with bounded concurrency, retries,
+an on-disk request cache, a run-wide budget and token/cost accounting.
+
+Every agent (user simulator, assistant, tool mock, task writer) talks to a model through ``LLMClient.chat``.
+A request is identified by everything that changes what the model is asked (endpoint name and model,
+rendered messages, tools, sampling parameters, response format) plus a caller-chosen ``sample`` key and
+``attempt`` index: a re-run of a finished run is answered from the cache and sends nothing, while a
+retry after malformed model output (``attempt + 1``) really asks again.
+
+Transport: the default is a lean aiohttp loop (on two cores the client's own CPU per request is what
+limits throughput at high concurrency; see benchmarks/llm_calls.py); ``transport="openai"`` sends the same
+requests through the ``openai`` SDK for endpoints that need its auth handling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import sqlite3
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from schemas.records import SCHEMA_VERSION
+from schemas.tables import USAGE_COUNTS
+
+EMBEDDED = "embedded"
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class EndpointConfig(BaseModel):
+    """One OpenAI-compatible endpoint: where it is, how hard to push it, what it costs."""
+
+    base_url: str | None = Field(
+        None, description="Base URL ending in /v1 (vLLM, OpenAI, llama.cpp, ...); empty = the embedded local model, "
+        "which the flow starts and stops itself.")
+    model: str = Field("qwen2.5-coder-0.5b-instruct", description="Model name sent with each request.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="Environment variable holding the API key (may be unset for local servers).")
+    structured_output: Literal["json_schema", "json_object_schema", "none"] = Field(
+        "json_object_schema",
+        description="How to ask for JSON-schema-constrained output: 'json_schema' (OpenAI, vLLM), "
+        "'json_object_schema' (llama.cpp's json_object + schema), or 'none' (native tool calls and lenient extraction).")
+    max_concurrency: int = Field(2, ge=1, le=1024, description="Requests in flight at once to this endpoint.")
+    timeout_s: float = Field(180.0, gt=0, description="Per-request timeout (queueing at a busy local server included).")
+    max_retries: int = Field(8, ge=0, le=50, description="Retries on 429, 5xx, timeouts, connection errors and malformed bodies.")
+    backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles per retry (with jitter), capped at 30 s.")
+    cooldown_s: float = Field(2.0, ge=0, description="After a 429 every request to this endpoint waits this long.")
+    input_cost_per_mtok: float = Field(0.0, ge=0, description="USD per million prompt tokens (0 for local models).")
+    output_cost_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
+    transport: Literal["aiohttp", "openai"] = Field(
+        "aiohttp", description="HTTP client: the lean aiohttp loop, or the openai SDK (same requests, more CPU per call).")
+
+
+class Sampling(BaseModel):
+    """Sampling parameters of one role; part of the cache key."""
+
+    temperature: float = Field(0.7, ge=0, le=2)
+    top_p: float = Field(0.95, gt=0, le=1)
+    max_tokens: int = Field(256, ge=1, le=32768)
+    seed: int | None = Field(None, description="Sent to servers that honour it (vLLM, llama.cpp).")
+
+
+class Budget(BaseModel):
+    """Run-wide limits on real (uncached) requests; when one is reached, LLM rollouts stop and the run finishes
+    with what it has."""
+
+    max_requests: int | None = Field(None, ge=0, description="Most requests sent to models in the run.")
+    max_tokens: int | None = Field(None, ge=0, description="Most prompt + completion tokens in the run.")
+    max_cost_usd: float | None = Field(None, ge=0, description="Most spend in the run, from the endpoints' prices.")
+
+
+class LLMError(RuntimeError):
+    """A request that cannot succeed as sent (4xx other than 429/408): retrying would not help."""
+
+
+class EndpointUnavailable(RuntimeError):
+    """An endpoint kept failing after every retry; the batch fails and resumes from the cache later."""
+
+
+class BudgetExceeded(RuntimeError):
+    """The run's request, token or cost budget is spent."""
+
+
+@dataclass
+class Completion:
+    content: str
+    tool_calls: list[dict[str, Any]]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached: bool = False
+
+
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_key(endpoint: str, body: dict[str, Any], sample: str, attempt: int) -> str:
+    return hashlib.sha256(canonical({"endpoint": endpoint, "body": body, "sample": sample,
+                                     "attempt": attempt}).encode()).hexdigest()
+
+
+class RequestCache:
+    """Responses on disk, in SQLite (WAL): shared safely by the batch worker processes of a run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._con = sqlite3.connect(self.path, timeout=60, isolation_level=None, check_same_thread=False)
+        self._con.execute("PRAGMA journal_mode=WAL")
+        self._con.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, response TEXT NOT NULL)")
+        self._con.execute("CREATE TABLE IF NOT EXISTS spend (run_id TEXT PRIMARY KEY, requests INTEGER NOT NULL, "
+                          "tokens INTEGER NOT NULL, cost REAL NOT NULL)")
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        row = self._con.execute("SELECT response FROM responses WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, response: dict[str, Any]) -> None:
+        self._con.execute("INSERT OR REPLACE INTO responses VALUES (?, ?)", (key, canonical(response)))
+
+    def __len__(self) -> int:
+        return self._con.execute("SELECT count(*) FROM responses").fetchone()[0]
+
+    def spend(self, run_id: str, requests: int = 0, tokens: int = 0, cost: float = 0.0) -> tuple[int, int, float]:
+        """Add to and return the run's spend, atomically across processes."""
+        with self._con:
+            self._con.execute("BEGIN IMMEDIATE")
+            self._con.execute("INSERT OR IGNORE INTO spend VALUES (?, 0, 0, 0)", (run_id,))
+            self._con.execute("UPDATE spend SET requests = requests + ?, tokens = tokens + ?, cost = cost + ? "
+                              "WHERE run_id = ?", (requests, tokens, cost, run_id))
+            return self._con.execute("SELECT requests, tokens, cost FROM spend WHERE run_id = ?",
+                                     (run_id,)).fetchone()
+
+    def close(self) -> None:
+        self._con.close()
+
+
+@dataclass
+class Usage:
+    """Counters per (stage, role, model): what was asked, answered from cache, retried, spent."""
+
+    rows: dict[tuple[str, str, str], Counter] = field(default_factory=dict)
+
+    def add(self, stage: str, role: str, model: str, **counts: float) -> None:
+        self.rows.setdefault((stage, role, model), Counter()).update(counts)
+
+    def to_rows(self, run_id: str, batch: int) -> list[dict[str, Any]]:
+        return [
+            {"run_id": run_id, "batch": batch, "stage": s, "role": r, "model": m,
+             **{k: int(c[k]) for k in USAGE_COUNTS}, "cost_usd": round(float(c["cost_usd"]), 6),
+             "latency_s": round(float(c["latency_s"]), 3), "schema_version": SCHEMA_VERSION}
+            for (s, r, m), c in sorted(self.rows.items())
+        ]
+
+    def totals(self) -> Counter:
+        out: Counter = Counter()
+        for c in self.rows.values():
+            out.update(c)
+        return out
+
+
+def _parse(data: Any) -> Completion:
+    """The parts of a chat-completion body we use; anything else is a malformed body (retried)."""
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise ValueError("no choices in the response body")
+    choice = data["choices"][0]
+    message = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(message, dict):
+        raise ValueError("no message in the first choice")
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        raise ValueError("message content is not text")
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise ValueError("tool_calls is not a list")
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    return Completion(content=content, tool_calls=calls, finish_reason=choice.get("finish_reason"),
+                      prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                      completion_tokens=int(usage.get("completion_tokens") or 0))
+
+
+class _Retry(Exception):
+    def __init__(self, kind: str, detail: str, retry_after: float | None = None):
+        super().__init__(detail)
+        self.kind, self.detail, self.retry_after = kind, detail, retry_after
+
+
+class LLMClient:
+    """Async chat completions against one endpoint.
+
+    Args:
+        name: The endpoint's name in the config ("embedded", "teacher", ...); part of the cache key, so that
+            a server restarted on another port keeps its cache.
+        endpoint: Where and how to call.
+        base_url: The URL actually used (the embedded server's is known only at run time).
+        cache: Shared request cache; ``None`` disables caching.
+        run_id: Whose budget the spend counts against.
+        budget: Run-wide limits.
+    """
+
+    def __init__(self, name: str, endpoint: EndpointConfig, base_url: str, *, cache: RequestCache | None = None,
+                 usage: Usage | None = None, run_id: str = "", budget: Budget | None = None):
+        self.name, self.endpoint = name, endpoint
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.base_url = base_url.rstrip("/")
+        self.cache, self.run_id, self.budget = cache, run_id, budget or Budget()
+        self.usage = usage if usage is not None else Usage()
+        self._sem: asyncio.Semaphore | None = None
+        self._session = None
+        self._sdk = None
+        self._cool_until = 0.0
+        self._api_key = os.environ.get(endpoint.api_key_env) or "none"
+
+    async def __aenter__(self) -> LLMClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._sdk is not None:
+            await self._sdk.close()
+            self._sdk = None
+
+    def body(self, messages: list[dict[str, Any]], *, sampling: Sampling, tools: list[dict[str, Any]] | None = None,
+             tool_choice: Any = None, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The request body, rendered the way this endpoint wants structured output."""
+        body: dict[str, Any] = {"model": self.endpoint.model, "messages": messages,
+                                **sampling.model_dump(exclude_none=True)}
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        if schema is not None and self.endpoint.structured_output == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        elif schema is not None and self.endpoint.structured_output == "json_object_schema":
+            body["response_format"] = {"type": "json_object", "schema": schema}
+        return body
+
+    async def chat(self, messages: list[dict[str, Any]], *, stage: str, role: str, sample: str, attempt: int = 0,
+                   sampling: Sampling | None = None, tools: list[dict[str, Any]] | None = None,
+                   tool_choice: Any = None, schema: dict[str, Any] | None = None) -> Completion:
+        """One chat completion, from the cache when this exact request (and sample/attempt) was answered before."""
+        sampling = sampling or Sampling()
+        if sampling.seed is None:  # reproducible on servers that honour seeds, different per sample and attempt
+            sampling = sampling.model_copy(update={"seed": int(request_key("seed", {}, sample, attempt)[:8], 16) >> 1})
+        body = self.body(messages, sampling=sampling, tools=tools, tool_choice=tool_choice, schema=schema)
+        key = request_key(f"{self.name}/{self.endpoint.model}", body, sample, attempt)
+        model = self.endpoint.model
+        if self.cache is not None and (hit := self.cache.get(key)) is not None:
+            done = _parse(hit)
+            done.cached = True
+            self.usage.add(stage, role, model, cache_hits=1)
+            return done
+        self._check_budget()
+        start = time.perf_counter()
+        data = await self._send(body, stage, role)
+        done = _parse(data)
+        cost = (done.prompt_tokens * self.endpoint.input_cost_per_mtok
+                + done.completion_tokens * self.endpoint.output_cost_per_mtok) / 1e6
+        self.usage.add(stage, role, model, requests=1, prompt_tokens=done.prompt_tokens,
+                       completion_tokens=done.completion_tokens, cost_usd=cost,
+                       latency_s=time.perf_counter() - start)
+        if self.cache is not None:
+            self.cache.put(key, data)
+            if self.run_id:
+                self.cache.spend(self.run_id, 1, done.prompt_tokens + done.completion_tokens, cost)
+        return done
+
+    def _check_budget(self) -> None:
+        b = self.budget
+        if self.cache is None or not self.run_id or (b.max_requests is None and b.max_tokens is None
+                                                      and b.max_cost_usd is None):
+            return
+        requests, tokens, cost = self.cache.spend(self.run_id)
+        for name, used, limit in (("requests", requests, b.max_requests), ("tokens", tokens, b.max_tokens),
+                                  ("cost_usd", cost, b.max_cost_usd)):
+            if limit is not None and used >= limit:
+                raise BudgetExceeded(f"run {self.run_id}: {name} budget spent ({used} of {limit})")
+
+    async def _send(self, body: dict[str, Any], stage: str, role: str) -> dict[str, Any]:
+        if self._sem is None:
+            self._sem = asyncio.Semaphore(self.endpoint.max_concurrency)
+        ep = self.endpoint
+        last = ""
+        for attempt in range(ep.max_retries + 1):
+            wait = self._cool_until - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            try:
+                async with self._sem:
+                    data = await (self._post_sdk(body) if ep.transport == "openai" else self._post(body))
+                _parse(data)  # a 200 with a body we cannot use is retried like a server error
+                return data
+            except _Retry as exc:
+                last = f"{exc.kind}: {exc.detail}"
+                self.usage.add(stage, role, ep.model, **{exc.kind: 1})
+                if exc.kind == "rate_limited":
+                    self._cool_until = max(self._cool_until, time.monotonic() + (exc.retry_after or ep.cooldown_s))
+            except ValueError as exc:
+                last = f"malformed: {exc}"
+                self.usage.add(stage, role, ep.model, malformed=1)
+            if attempt < ep.max_retries:
+                self.usage.add(stage, role, ep.model, retries=1)
+                delay = min(30.0, ep.backoff_s * 2 ** attempt)
+                await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        raise EndpointUnavailable(
+            f"endpoint {self.name!r} ({self.base_url}, model {ep.model}) failed {ep.max_retries + 1} times; "
+            f"last error {last}. Check that the server is up, or raise max_retries/timeout_s; "
+            f"re-running resumes from the request cache.")
+
+    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.endpoint.max_concurrency, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(total=self.endpoint.timeout_s),
+                headers={"Authorization": f"Bearer {self._api_key}"},
+                json_serialize=canonical,
+            )
+        try:
+            async with self._session.post(self.url, json=body) as resp:
+                text = await resp.text()
+                status = resp.status
+                retry_after = resp.headers.get("retry-after")
+        except asyncio.TimeoutError as exc:
+            raise _Retry("timeouts", f"no answer within {self.endpoint.timeout_s}s") from exc
+        except aiohttp.ClientError as exc:
+            raise _Retry("connection_errors", f"{type(exc).__name__}: {exc}") from exc
+        return _classify(status, text, retry_after, self.name)
+
+    async def _post_sdk(self, body: dict[str, Any]) -> dict[str, Any]:
+        import openai
+
+        if self._sdk is None:
+            self._sdk = openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, max_retries=0,
+                                           timeout=self.endpoint.timeout_s)
+        known = {"model", "messages", "temperature", "top_p", "max_tokens", "seed", "tools", "tool_choice",
+                 "response_format"}
+        try:
+            raw = await self._sdk.chat.completions.with_raw_response.create(
+                **{k: v for k, v in body.items() if k in known},
+                extra_body={k: v for k, v in body.items() if k not in known} or None)
+        except openai.APITimeoutError as exc:
+            raise _Retry("timeouts", str(exc)) from exc
+        except openai.APIConnectionError as exc:
+            raise _Retry("connection_errors", str(exc)) from exc
+        except openai.APIStatusError as exc:
+            return _classify(exc.status_code, exc.response.text, exc.response.headers.get("retry-after"), self.name)
+        return _classify(raw.http_response.status_code, raw.http_response.text, None, self.name)
+
+
+def _classify(status: int, text: str, retry_after: str | None, name: str) -> dict[str, Any]:
+    if status == 429:
+        try:
+            after = float(retry_after) if retry_after else None
+        except ValueError:
+            after = None
+        raise _Retry("rate_limited", f"429 {text[:200]}", after)
+    if status == 500 and "validation error" in text[:300]:
+        # llama-cpp-python's server answers a request it cannot parse with a 500; asking again cannot help
+        raise LLMError(f"endpoint {name!r} rejected the request as invalid: {text[:500]}")
+    if status in RETRYABLE_STATUS or status >= 500:
+        raise _Retry("server_errors", f"{status} {text[:200]}")
+    if status >= 400:
+        raise LLMError(f"endpoint {name!r} rejected the request with {status}: {text[:500]}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"response body is not JSON ({exc.msg}): {text[:120]!r}") from exc
+
+
+class Endpoints:
+    """The clients of a run, one per configured endpoint, sharing one cache and one usage ledger."""
+
+    def __init__(self, configs: dict[str, EndpointConfig], base_urls: dict[str, str], *, cache: RequestCache | None,
+                 run_id: str, budget: Budget | None = None):
+        self.usage = Usage()
+        self.cache = cache
+        missing = [n for n in configs if n not in base_urls and not configs[n].base_url]
+        if missing:
+            raise ValueError(f"endpoint(s) {missing} have no base_url and no running server")
+        self.clients = {
+            name: LLMClient(name, cfg, base_urls.get(name) or cfg.base_url or "", cache=cache, usage=self.usage,
+                            run_id=run_id, budget=budget)
+            for name, cfg in configs.items()
+        }
+
+    def __getitem__(self, name: str) -> LLMClient:
+        try:
+            return self.clients[name]
+        except KeyError:
+            raise KeyError(f"no endpoint named {name!r}; configured: {sorted(self.clients)}") from None
+
+    async def aclose(self) -> None:
+        for client in self.clients.values():
+            await client.aclose()
