@@ -215,6 +215,7 @@ class LLMClient:
         self.cache, self.run_id, self.budget = cache, run_id, budget or Budget()
         self.usage = usage if usage is not None else Usage()
         self._sem: asyncio.Semaphore | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._session = None
         self._sdk = None
         self._cool_until = 0.0
@@ -290,9 +291,17 @@ class LLMClient:
             if limit is not None and used >= limit:
                 raise BudgetExceeded(f"run {self.run_id}: {name} budget spent ({used} of {limit})")
 
-    async def _send(self, body: dict[str, Any], stage: str, role: str) -> dict[str, Any]:
-        if self._sem is None:
+    async def _bind_loop(self) -> None:
+        """Sessions and semaphores belong to one event loop; a client reused under a new loop gets new ones."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._session is not None and not self._session.closed:
+                await self._session.close()  # its loop is gone or idle; close what can be closed
+            self._session, self._sdk, self._loop = None, None, loop
             self._sem = asyncio.Semaphore(self.endpoint.max_concurrency)
+
+    async def _send(self, body: dict[str, Any], stage: str, role: str) -> dict[str, Any]:
+        await self._bind_loop()
         ep = self.endpoint
         last = ""
         for attempt in range(ep.max_retries + 1):

@@ -41,8 +41,8 @@ def template(name: str) -> Template:
     return Template((PROMPTS / f"{name}.md").read_text())
 
 
-def render(name: str, **values: Any) -> str:
-    return template(name).substitute(**values).strip()
+def render(prompt: str, /, **values: Any) -> str:
+    return template(prompt).substitute(**values).strip()
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:
@@ -260,7 +260,7 @@ class LLMAssistant:
             extraction = extract_tool_calls({"content": done.content})  # a server that ignored the schema
             if not extraction.calls:
                 return None
-            calls, text = extraction.calls, extraction.text
+            calls, text = extraction.calls, extraction.content
         else:
             calls = [ExtractedCall(name=str(c.get("name", "")), arguments=c.get("arguments")
                                    if isinstance(c.get("arguments"), dict) else {}, source="bare")
@@ -272,7 +272,7 @@ class LLMAssistant:
         extraction = extract_tool_calls({"content": done.content, "tool_calls": done.tool_calls})
         if extraction.problems:
             self._count("extraction_problems", len(extraction.problems))
-        return self._message(extraction.calls, extraction.text, tools, turn)
+        return self._message(extraction.calls, extraction.content, tools, turn)
 
     def _message(self, calls: list[ExtractedCall], text: str, tools: dict[str, Tool], turn: int) -> Message:
         for call in calls:

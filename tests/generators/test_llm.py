@@ -1,0 +1,184 @@
+"""The LLM call layer against a real HTTP server on 127.0.0.1 that injects the faults we plan for it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from generators.llm import (
+    Budget,
+    BudgetExceeded,
+    EndpointConfig,
+    EndpointUnavailable,
+    LLMClient,
+    LLMError,
+    RequestCache,
+    Sampling,
+    request_key,
+)
+from schemas.tables import LLM_USAGE
+from tests.helpers import free_port
+from tests.openai_server import running
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with running(port=free_port(), *("--hang", "5")) as url:
+        yield url
+
+
+def plan(url: str, *outcomes) -> None:
+    httpx.post(f"{url}/control", json={"plan": list(outcomes)}).raise_for_status()
+
+
+def requests_seen(url: str) -> int:
+    return httpx.get(f"{url}/stats").json().get("requests", 0)
+
+
+def client(url: str, tmp_path=None, *, transport: str = "aiohttp", **endpoint) -> LLMClient:
+    cfg = EndpointConfig(**{"model": "m", "backoff_s": 0.01, "cooldown_s": 0.2, "timeout_s": 1.0,
+                            "transport": transport, **endpoint})
+    cache = RequestCache(tmp_path / "cache.sqlite") if tmp_path is not None else None
+    return LLMClient("test", cfg, f"{url}/v1", cache=cache, run_id="run-1")
+
+
+def chat(c: LLMClient, **kw):
+    async def go():
+        try:
+            return await c.chat(MESSAGES, stage="s", role="assistant", sample=kw.pop("sample", "x"), **kw)
+        finally:
+            await c.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+def test_every_retryable_failure_is_retried_and_counted(server, transport):
+    plan(server, "429", "500", "timeout", "malformed", "ok")
+    c = client(server, transport=transport)
+    start = time.monotonic()
+    done = chat(c)
+    assert done.content == "ok" and not done.cached
+    usage = c.usage.rows[("s", "assistant", "m")]
+    assert (usage["rate_limited"], usage["server_errors"], usage["timeouts"], usage["malformed"]) == (1, 1, 1, 1)
+    assert usage["retries"] == 4 and usage["requests"] == 1
+    assert time.monotonic() - start >= 1.0  # the timed-out request waited its timeout
+
+
+def test_a_429_cools_the_endpoint_down(server):
+    plan(server, "429", "ok")  # the server asks for 0.05 s; retry-after wins over the configured cool-down
+    c = client(server, backoff_s=0.0)
+    start = time.monotonic()
+    chat(c)
+    assert 0.05 <= time.monotonic() - start < 1.0
+
+
+def test_a_request_the_server_rejects_is_not_retried(server):
+    plan(server, "400", "ok")
+    before = requests_seen(server)
+    with pytest.raises(LLMError, match="rejected the request with 400"):
+        chat(client(server))
+    assert requests_seen(server) == before + 1
+    plan(server)  # drop the unused "ok"
+
+
+def test_an_endpoint_that_keeps_failing_names_itself_and_the_last_error(server):
+    plan(server, *["500"] * 3)
+    with pytest.raises(EndpointUnavailable, match=r"endpoint 'test' .* failed 3 times; last error server_errors: 500"):
+        chat(client(server, max_retries=2))
+
+
+def test_cache_answers_a_repeated_request_and_a_new_attempt_asks_again(server, tmp_path):
+    before = requests_seen(server)
+    first = chat(client(server, tmp_path), sample="t1")
+    again = chat(client(server, tmp_path), sample="t1")
+    assert again.cached and again.content == first.content
+    assert requests_seen(server) == before + 1
+    retry = chat(client(server, tmp_path), sample="t1", attempt=1)  # e.g. after malformed model output
+    assert not retry.cached and requests_seen(server) == before + 2
+
+
+def test_cache_key_covers_everything_that_changes_a_request():
+    c = LLMClient("e", EndpointConfig(model="m"), "http://127.0.0.1:1/v1")
+    base = dict(sampling=Sampling(temperature=0.1))
+    body = c.body(MESSAGES, **base)
+    key = request_key("e/m", body, "s", 0)
+    variants = [
+        request_key("e/other-model", body, "s", 0),
+        request_key("e/m", c.body([{"role": "user", "content": "hi!"}], **base), "s", 0),
+        request_key("e/m", c.body(MESSAGES, sampling=Sampling(temperature=0.2)), "s", 0),
+        request_key("e/m", c.body(MESSAGES, tools=[{"type": "function", "function": {"name": "f"}}], **base), "s", 0),
+        request_key("e/m", c.body(MESSAGES, schema={"type": "object"}, **base), "s", 0),
+        request_key("e/m", body, "s2", 0),
+        request_key("e/m", body, "s", 1),
+    ]
+    assert key == request_key("e/m", c.body(MESSAGES, **base), "s", 0)
+    assert len({key, *variants}) == len(variants) + 1
+
+
+def test_structured_output_is_asked_for_the_way_each_server_takes_it():
+    schema = {"type": "object"}
+    rf = {mode: LLMClient("e", EndpointConfig(structured_output=mode), "http://x/v1")
+          .body(MESSAGES, sampling=Sampling(), schema=schema).get("response_format")
+          for mode in ("json_schema", "json_object_schema", "none")}
+    assert rf["json_schema"] == {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+    assert rf["json_object_schema"] == {"type": "json_object", "schema": schema}
+    assert rf["none"] is None
+
+
+def test_budget_stops_real_requests_but_not_cached_ones(server, tmp_path):
+    def limited():
+        c = client(server, tmp_path)
+        c.budget = Budget(max_requests=2)
+        return c
+
+    chat(limited(), sample="a")
+    chat(limited(), sample="b")
+    with pytest.raises(BudgetExceeded, match="requests budget spent"):
+        chat(limited(), sample="c")
+    assert chat(limited(), sample="a").cached  # answered from the cache: costs nothing
+
+
+def test_usage_rows_are_valid_records(server, tmp_path):
+    plan(server, "500", "ok")
+    c = client(server, tmp_path, input_cost_per_mtok=1.0, output_cost_per_mtok=2.0)
+    chat(c, sample="u1")
+    rows = c.usage.to_rows("run-1", 3)
+    for row in rows:
+        LLM_USAGE.validate(row)
+    (row,) = rows
+    assert row["requests"] == 1 and row["retries"] == 1 and row["server_errors"] == 1
+    assert row["cost_usd"] == pytest.approx((10 * 1.0 + 7 * 2.0) / 1e6)
+
+
+def test_concurrency_is_bounded(server):
+    httpx.post(f"{server}/control", json={"plan": []})
+    c = client(server, max_concurrency=3)
+    in_flight, peak = 0, 0
+    real_post = c._post
+
+    async def counting(body):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        try:
+            await asyncio.sleep(0.02)
+            return await real_post(body)
+        finally:
+            in_flight -= 1
+
+    c._post = counting
+
+    async def go():
+        try:
+            await asyncio.gather(*(c.chat(MESSAGES, stage="s", role="r", sample=str(i)) for i in range(12)))
+        finally:
+            await c.aclose()
+
+    asyncio.run(go())
+    assert peak == 3
