@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.records import SCHEMA_VERSION
 from schemas.tables import USAGE_COUNTS
@@ -62,6 +62,8 @@ class EndpointConfig(BaseModel):
 class Sampling(BaseModel):
     """Sampling parameters of one role; part of the cache key."""
 
+    model_config = ConfigDict(frozen=True)
+
     temperature: float = Field(0.7, ge=0, le=2)
     top_p: float = Field(0.95, gt=0, le=1)
     max_tokens: int = Field(256, ge=1, le=32768)
@@ -75,6 +77,9 @@ class Budget(BaseModel):
     max_requests: int | None = Field(None, ge=0, description="Most requests sent to models in the run.")
     max_tokens: int | None = Field(None, ge=0, description="Most prompt + completion tokens in the run.")
     max_cost_usd: float | None = Field(None, ge=0, description="Most spend in the run, from the endpoints' prices.")
+
+
+_DEFAULT_SAMPLING = Sampling()
 
 
 class LLMError(RuntimeError):
@@ -97,6 +102,20 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached: bool = False
+
+
+_PARAMS: dict[int, tuple[Sampling, dict[str, Any]]] = {}
+
+
+def _params(sampling: Sampling) -> dict[str, Any]:
+    """``sampling`` as request fields; memoised per object (pydantic's dump is a visible cost per request at
+    hundreds of requests per second). The object is kept alongside so that its id cannot be reused."""
+    hit = _PARAMS.get(id(sampling))
+    if hit is None or hit[0] is not sampling:
+        if len(_PARAMS) > 1024:
+            _PARAMS.clear()
+        hit = _PARAMS[id(sampling)] = (sampling, sampling.model_dump(exclude_none=True))
+    return hit[1]
 
 
 def canonical(obj: Any) -> str:
@@ -151,7 +170,11 @@ class Usage:
     rows: dict[tuple[str, str, str], Counter] = field(default_factory=dict)
 
     def add(self, stage: str, role: str, model: str, **counts: float) -> None:
-        self.rows.setdefault((stage, role, model), Counter()).update(counts)
+        row = self.rows.get((stage, role, model))
+        if row is None:
+            row = self.rows[(stage, role, model)] = Counter()
+        for k, v in counts.items():
+            row[k] += v
 
     def to_rows(self, run_id: str, batch: int) -> list[dict[str, Any]]:
         return [
@@ -238,8 +261,7 @@ class LLMClient:
     def body(self, messages: list[dict[str, Any]], *, sampling: Sampling, tools: list[dict[str, Any]] | None = None,
              tool_choice: Any = None, schema: dict[str, Any] | None = None) -> dict[str, Any]:
         """The request body, rendered the way this endpoint wants structured output."""
-        body: dict[str, Any] = {"model": self.endpoint.model, "messages": messages,
-                                **sampling.model_dump(exclude_none=True)}
+        body: dict[str, Any] = {"model": self.endpoint.model, "messages": messages, **_params(sampling)}
         if tools:
             body["tools"] = tools
             if tool_choice is not None:
@@ -254,12 +276,12 @@ class LLMClient:
                    sampling: Sampling | None = None, tools: list[dict[str, Any]] | None = None,
                    tool_choice: Any = None, schema: dict[str, Any] | None = None) -> Completion:
         """One chat completion, from the cache when this exact request (and sample/attempt) was answered before."""
-        sampling = sampling or Sampling()
-        if sampling.seed is None:  # reproducible on servers that honour seeds, different per sample and attempt
-            sampling = sampling.model_copy(update={"seed": int(request_key("seed", {}, sample, attempt)[:8], 16) >> 1})
-        body = self.body(messages, sampling=sampling, tools=tools, tool_choice=tool_choice, schema=schema)
-        key = request_key(f"{self.name}/{self.endpoint.model}", body, sample, attempt)
+        body = self.body(messages, sampling=sampling or _DEFAULT_SAMPLING, tools=tools, tool_choice=tool_choice,
+                         schema=schema)
+        if "seed" not in body:  # reproducible on servers that honour seeds, different per sample and attempt
+            body["seed"] = int(hashlib.sha256(f"{sample}/{attempt}".encode()).hexdigest()[:8], 16) >> 1
         model = self.endpoint.model
+        key = request_key(f"{self.name}/{model}", body, sample, attempt) if self.cache is not None else ""
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             done = _parse(hit)
             done.cached = True
@@ -267,8 +289,7 @@ class LLMClient:
             return done
         self._check_budget()
         start = time.perf_counter()
-        data = await self._send(body, stage, role)
-        done = _parse(data)
+        data, done = await self._send(body, stage, role)
         cost = (done.prompt_tokens * self.endpoint.input_cost_per_mtok
                 + done.completion_tokens * self.endpoint.output_cost_per_mtok) / 1e6
         self.usage.add(stage, role, model, requests=1, prompt_tokens=done.prompt_tokens,
@@ -300,8 +321,9 @@ class LLMClient:
             self._session, self._sdk, self._loop = None, None, loop
             self._sem = asyncio.Semaphore(self.endpoint.max_concurrency)
 
-    async def _send(self, body: dict[str, Any], stage: str, role: str) -> dict[str, Any]:
-        await self._bind_loop()
+    async def _send(self, body: dict[str, Any], stage: str, role: str) -> tuple[dict[str, Any], Completion]:
+        if self._loop is not asyncio.get_running_loop():
+            await self._bind_loop()
         ep = self.endpoint
         last = ""
         for attempt in range(ep.max_retries + 1):
@@ -311,8 +333,7 @@ class LLMClient:
             try:
                 async with self._sem:
                     data = await (self._post_sdk(body) if ep.transport == "openai" else self._post(body))
-                _parse(data)  # a 200 with a body we cannot use is retried like a server error
-                return data
+                return data, _parse(data)  # a 200 with a body we cannot use is retried like a server error
             except _Retry as exc:
                 last = f"{exc.kind}: {exc.detail}"
                 self.usage.add(stage, role, ep.model, **{exc.kind: 1})
@@ -338,7 +359,6 @@ class LLMClient:
                 connector=aiohttp.TCPConnector(limit=self.endpoint.max_concurrency, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=self.endpoint.timeout_s),
                 headers={"Authorization": f"Bearer {self._api_key}"},
-                json_serialize=canonical,
             )
         try:
             async with self._session.post(self.url, json=body) as resp:
