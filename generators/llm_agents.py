@@ -107,17 +107,20 @@ def _tool_lines(tools: dict[str, Tool]) -> str:
     return "\n".join(lines)
 
 
-def _example(tools: dict[str, Tool]) -> tuple[str, str, str]:
-    """A one-argument read-only tool of the domain, as the prompt's worked example."""
+def _example(tools: dict[str, Tool]) -> tuple[str, str, str, str]:
+    """A one-argument read-only tool of the domain as the prompt's worked example: request, tool, arguments,
+    and a final answer quoting a field of its result (concrete words: a small model copies placeholders)."""
     for name, tool in sorted(tools.items()):
         required = tool.parameters.get("required", [])
         if not tool.mutates and len(required) == 1:
             param = required[0]
             value = {"integer": 7, "number": 7.5}.get(tool.parameters["properties"][param].get("type"), "X7")
+            fields = [f for f in ((tool.returns or {}).get("properties") or {}) if f != param] or ["status"]
+            answer = f"Done. The {fields[0].replace('_', ' ')} of {param.replace('_', ' ')} {value} is Y3."
             return (f"{tool.description.rstrip('.')} for {param.replace('_', ' ')} {value}, please.", name,
-                    json.dumps({param: value}))
+                    json.dumps({param: value}), answer)
     name = sorted(tools)[0]
-    return "Help me, please.", name, "{}"
+    return "Help me, please.", name, "{}", "Done."
 
 
 def render_for_model(messages: list[Message]) -> list[dict[str, str]]:
@@ -160,6 +163,14 @@ def _succeeded_calls(messages: list[Message]) -> set[str]:
             if not results.get(c.get("id"), '{"error"').startswith('{"error"')}
 
 
+def _writes_since_user(messages: list[Message], tools: dict[str, Tool]) -> set[str]:
+    """Write tools that succeeded since the user last spoke: doing one again is a loop, not progress."""
+    since = next((i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user"), 0)
+    tail = messages[since:]
+    return {name for name in (json.loads(k)[0] for k in _succeeded_calls(tail))
+            if name in tools and tools[name].mutates}
+
+
 def plan_hint(task: Task) -> str:
     """The reference path as a hint, with the user's private values masked: the hint teaches the path, it
     must not hand over what the assistant should ask for."""
@@ -170,13 +181,13 @@ def plan_hint(task: Task) -> str:
         for param, value in step.args.items():
             if isinstance(value, dict) and "$ref" in value:
                 ref = int(value["$ref"][1:]) + 1
-                shown = f"<from the result of call {ref}: {'.'.join(str(p) for p in value['path'])}>"
+                shown = f"{param} taken from the result of call {ref} ({'.'.join(str(p) for p in value['path'])})"
             elif param in step.private or json.dumps(value) in private:
-                shown = f"<ask the user for their {param.replace('_', ' ')}>"
+                shown = f"{param} that you must first ask the user for"
             else:
-                shown = json.dumps(value)
-            args.append(f"{param}={shown}")
-        lines.append(f"{i}. {step.tool}({', '.join(args)})")
+                shown = f"{param} {json.dumps(value)}"
+            args.append(shown)
+        lines.append(f"{i}. {step.tool} with {', '.join(args) or 'no arguments'}")
     return render("assistant_hint_plan", plan="\n".join(lines))
 
 
@@ -216,16 +227,17 @@ class LLMAssistant:
 
     def system(self) -> str:
         tools = {n: s.record for n, s in self.env.specs.items()}
-        request, tool, args = _example(tools)
+        request, tool, args, answer = _example(tools)
         return render("assistant", domain_description=self.env.domain_cls.description,
                       tools=_tool_lines(tools), example_request=request, example_tool=tool,
-                      example_args=args, hint=self.hint)
+                      example_args=args, example_answer=json.dumps(answer), hint=self.hint)
 
     async def act(self, messages: list[Message]) -> Message:
         turn = sum(1 for m in messages if m["role"] == "assistant")
         tools = {n: s.record for n, s in self.env.specs.items()}
         native = self.client.endpoint.structured_output == "none"
         done_calls = _succeeded_calls(messages)
+        written = _writes_since_user(messages, tools)
         nudge = ""
         for attempt in range(self.max_malformed + 1):
             if native:
@@ -243,13 +255,14 @@ class LLMAssistant:
                                               attempt=attempt, sampling=self.sampling, schema=turn_schema(tools))
                 message = self._from_json(done, tools, turn)
             repeats = [c["function"]["name"] for c in (message or {}).get("tool_calls") or []
-                       if _call_key(c) in done_calls]
+                       if _call_key(c) in done_calls or c["function"]["name"] in written]
             if message is not None and (not repeats or attempt == self.max_malformed):
                 return message
             if repeats:  # a small model re-issues the call whose result it has instead of answering
                 self._count("repeated_calls")
-                nudge = (f"You already have the result of {', '.join(repeats)} above. Do not call it again: "
-                         "answer the user with the values from the result, or call a different tool.")
+                nudge = (f"You already called {', '.join(dict.fromkeys(repeats))} and have its result above. Do not "
+                         "call it again: tell the user the outcome with the values from the result, or call a "
+                         "different tool.")
             else:
                 self._count("malformed_turns")
         return {"role": "assistant", "content": "Sorry, I could not process that. Could you repeat your request?"}
@@ -301,8 +314,9 @@ class LLMUser:
     """A model playing the user: it decides whether to answer, move on or stop, and words its answers.
 
     The requests themselves are the task's (written once, checked for leaks); the model never sees the
-    reference plan. Failures of the rules are counted: ``early_stops`` (stopping with requests left),
-    ``overruns`` (asking for a next request when none is left, i.e. failing to stop), ``malformed``.
+    reference plan. Failures of the rules are counted: ``early_stops`` (stopping with requests left: the
+    next request is sent instead), ``overruns`` (asking for a next request when none is left: the user stops),
+    ``malformed``.
     """
 
     client: LLMClient
@@ -349,6 +363,10 @@ class LLMUser:
             data = None
         action = (data or {}).get("action", "answer")
         text = str((data or {}).get("message") or "").strip()
+        if action == "stop" and self.current < len(self.task.requests):
+            # the user's goal is not done: a simulator that quits early is counted and kept to its goal
+            self._count("early_stops")
+            action = "next_request"
         if action == "next_request":
             if self.current < len(self.task.requests):
                 self.current += 1
@@ -356,8 +374,6 @@ class LLMUser:
             self._count("overruns")
             action = "stop"
         if action == "stop":
-            if self.current < len(self.task.requests):
-                self._count("early_stops")
             self.stopped = True
             return f"{text or 'Thanks, that is all.'} {STOP}"
         return text or "Could you say that again?"

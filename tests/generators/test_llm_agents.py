@@ -132,7 +132,7 @@ def test_plan_hint_teaches_the_path_without_handing_over_private_values(retail):
     task = hand_task(retail)
     hint = plan_hint(task)
     assert task.private_info and all(str(v) not in hint for v in task.private_info.values())
-    assert "1. get_customer(" in hint and "2. list_orders(" in hint and "<ask the user for their" in hint
+    assert "1. get_customer with" in hint and "2. list_orders with" in hint and "you must first ask the user for" in hint
 
 
 # --- user simulator ---------------------------------------------------------------------------------------
@@ -150,8 +150,9 @@ def test_user_sends_the_tasks_requests_verbatim_and_counts_rule_breaks(server, r
     assert run(user.respond(msgs)).endswith(STOP) and user.stopped  # asked for more than there is: stops
     assert user.signals == {"overruns": 1}
     early = LLMUser(client(server), task, "u2")
-    answers(server, json.dumps({"action": "stop", "message": "bye"}))
-    assert run(early.respond(msgs)) == f"bye {STOP}" and early.signals == {"early_stops": 1}
+    answers(server, json.dumps({"action": "stop", "message": "bye"}), json.dumps({"action": "stop", "message": "bye"}))
+    assert run(early.respond(msgs)) == "second request" and early.signals == {"early_stops": 1}  # kept to its goal
+    assert run(early.respond(msgs)) == f"bye {STOP}" and early.stopped
 
 
 def test_an_llm_episode_runs_to_the_stop_marker(server, retail):
