@@ -33,7 +33,7 @@ async def _synthloop(url: str, n: int, concurrency: int, transport: str) -> floa
     sampling = Sampling(max_tokens=8)
     start = time.perf_counter()
     try:
-        await asyncio.gather(*(client.chat([{"role": "user", "content": f"hi {i}"}], stage="bench", role="r",
+        await asyncio.gather(*(client.chat([{"role": "user", "content": f"hi {i}"}], phase="bench", role="r",
                                            sample=str(i), sampling=sampling) for i in range(n)))
     finally:
         await client.aclose()

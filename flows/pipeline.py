@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import Environment, get_domain
+from flows.rollouts import LLMStage
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig
 from generators.graph import Coverage, domain_graph
-from flows.rollouts import LLMStage
 from generators.tasks import PlanSampler, sample_task, task_id_for
 from schemas import Task
 from verifiers.checks import verify

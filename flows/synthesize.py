@@ -7,9 +7,9 @@ per second, and a batch is the unit that is resumed, retried and, later, distrib
 from __future__ import annotations
 
 import multiprocessing
-from collections import Counter
 import signal
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
-from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable
 from generators.graph import Coverage, domain_graph
+from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable
 from storage import Corpus
 
 STAGE = "synthesize"
@@ -86,12 +86,12 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
 
 
 def usage_summary(corpus: Corpus, run_id: str) -> list[dict[str, Any]]:
-    """Requests, cache hits, retries, tokens and cost of the run per stage, role and model (from ``llm_usage``)."""
+    """Requests, cache hits, retries, tokens and cost of the run per phase (tasks, rollout), role and model (from ``llm_usage``)."""
     if "llm_usage" not in corpus.tables():
         return []
     counts = ", ".join(f"sum({k})::BIGINT AS {k}" for k in USAGE_COUNTS)
     con = corpus.connect()
-    rel = con.execute(f"SELECT stage, role, model, {counts}, round(sum(cost_usd), 6) AS cost_usd, "
+    rel = con.execute(f"SELECT phase, role, model, {counts}, round(sum(cost_usd), 6) AS cost_usd, "
                       f"round(sum(latency_s), 1) AS latency_s FROM llm_usage WHERE run_id = ? "
                       f"GROUP BY ALL ORDER BY ALL", [run_id])
     cols = [d[0] for d in rel.description]
@@ -138,9 +138,9 @@ def _llm_markdown(summary: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## LLM agents", "", "| counter | value |", "|---|---|",
              *(f"| {k} | {v} |" for k, v in summary.get("llm", {}).items()),
-             "", "| stage | role | model | requests | cache hits | retries | prompt tokens | completion tokens | cost USD |",
+             "", "| phase | role | model | requests | cache hits | retries | prompt tokens | completion tokens | cost USD |",
              "|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {u['stage']} | {u['role']} | {u['model']} | {u['requests']} | {u['cache_hits']} | {u['retries']} | "
+    lines += [f"| {u['phase']} | {u['role']} | {u['model']} | {u['requests']} | {u['cache_hits']} | {u['retries']} | "
               f"{u['prompt_tokens']} | {u['completion_tokens']} | {u['cost_usd']} |" for u in summary["llm_usage"]]
     return lines
 

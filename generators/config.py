@@ -7,7 +7,6 @@ import hashlib
 import json
 from functools import lru_cache
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator

@@ -165,20 +165,20 @@ class RequestCache:
 
 @dataclass
 class Usage:
-    """Counters per (stage, role, model): what was asked, answered from cache, retried, spent."""
+    """Counters per (phase, role, model): what was asked, answered from cache, retried, spent."""
 
     rows: dict[tuple[str, str, str], Counter] = field(default_factory=dict)
 
-    def add(self, stage: str, role: str, model: str, **counts: float) -> None:
-        row = self.rows.get((stage, role, model))
+    def add(self, phase: str, role: str, model: str, **counts: float) -> None:
+        row = self.rows.get((phase, role, model))
         if row is None:
-            row = self.rows[(stage, role, model)] = Counter()
+            row = self.rows[(phase, role, model)] = Counter()
         for k, v in counts.items():
             row[k] += v
 
     def to_rows(self, run_id: str, batch: int) -> list[dict[str, Any]]:
         return [
-            {"run_id": run_id, "batch": batch, "stage": s, "role": r, "model": m,
+            {"run_id": run_id, "batch": batch, "phase": s, "role": r, "model": m,
              **{k: int(c[k]) for k in USAGE_COUNTS}, "cost_usd": round(float(c["cost_usd"]), 6),
              "latency_s": round(float(c["latency_s"]), 3), "schema_version": SCHEMA_VERSION}
             for (s, r, m), c in sorted(self.rows.items())
@@ -272,7 +272,7 @@ class LLMClient:
             body["response_format"] = {"type": "json_object", "schema": schema}
         return body
 
-    async def chat(self, messages: list[dict[str, Any]], *, stage: str, role: str, sample: str, attempt: int = 0,
+    async def chat(self, messages: list[dict[str, Any]], *, phase: str, role: str, sample: str, attempt: int = 0,
                    sampling: Sampling | None = None, tools: list[dict[str, Any]] | None = None,
                    tool_choice: Any = None, schema: dict[str, Any] | None = None) -> Completion:
         """One chat completion, from the cache when this exact request (and sample/attempt) was answered before."""
@@ -285,14 +285,14 @@ class LLMClient:
         if self.cache is not None and (hit := self.cache.get(key)) is not None:
             done = _parse(hit)
             done.cached = True
-            self.usage.add(stage, role, model, cache_hits=1)
+            self.usage.add(phase, role, model, cache_hits=1)
             return done
         self._check_budget()
         start = time.perf_counter()
-        data, done = await self._send(body, stage, role)
+        data, done = await self._send(body, phase, role)
         cost = (done.prompt_tokens * self.endpoint.input_cost_per_mtok
                 + done.completion_tokens * self.endpoint.output_cost_per_mtok) / 1e6
-        self.usage.add(stage, role, model, requests=1, prompt_tokens=done.prompt_tokens,
+        self.usage.add(phase, role, model, requests=1, prompt_tokens=done.prompt_tokens,
                        completion_tokens=done.completion_tokens, cost_usd=cost,
                        latency_s=time.perf_counter() - start)
         if self.cache is not None:
@@ -321,7 +321,7 @@ class LLMClient:
             self._session, self._sdk, self._loop = None, None, loop
             self._sem = asyncio.Semaphore(self.endpoint.max_concurrency)
 
-    async def _send(self, body: dict[str, Any], stage: str, role: str) -> tuple[dict[str, Any], Completion]:
+    async def _send(self, body: dict[str, Any], phase: str, role: str) -> tuple[dict[str, Any], Completion]:
         if self._loop is not asyncio.get_running_loop():
             await self._bind_loop()
         ep = self.endpoint
@@ -336,14 +336,14 @@ class LLMClient:
                 return data, _parse(data)  # a 200 with a body we cannot use is retried like a server error
             except _Retry as exc:
                 last = f"{exc.kind}: {exc.detail}"
-                self.usage.add(stage, role, ep.model, **{exc.kind: 1})
+                self.usage.add(phase, role, ep.model, **{exc.kind: 1})
                 if exc.kind == "rate_limited":
                     self._cool_until = max(self._cool_until, time.monotonic() + (exc.retry_after or ep.cooldown_s))
             except ValueError as exc:
                 last = f"malformed: {exc}"
-                self.usage.add(stage, role, ep.model, malformed=1)
+                self.usage.add(phase, role, ep.model, malformed=1)
             if attempt < ep.max_retries:
-                self.usage.add(stage, role, ep.model, retries=1)
+                self.usage.add(phase, role, ep.model, retries=1)
                 delay = min(30.0, ep.backoff_s * 2 ** attempt)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
         raise EndpointUnavailable(
@@ -365,7 +365,7 @@ class LLMClient:
                 text = await resp.text()
                 status = resp.status
                 retry_after = resp.headers.get("retry-after")
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             raise _Retry("timeouts", f"no answer within {self.endpoint.timeout_s}s") from exc
         except aiohttp.ClientError as exc:
             raise _Retry("connection_errors", f"{type(exc).__name__}: {exc}") from exc

@@ -213,7 +213,7 @@ class LLMAssistant:
     sample: str
     sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.2, max_tokens=256))
     hint: str = ""
-    stage: str = "rollout"
+    phase: str = "rollout"
     max_malformed: int = 2
     name: str = "llm-assistant"
     signals: dict[str, int] = field(default_factory=dict)
@@ -243,7 +243,7 @@ class LLMAssistant:
             if native:
                 chat = [{"role": "system", "content": self.system()},
                         *({**m, "content": m.get("content") or ""} for m in messages if m["role"] != "system")]
-                done = await self.client.chat(chat, stage=self.stage, role="assistant", sample=f"{self.sample}/t{turn}",
+                done = await self.client.chat(chat, phase=self.phase, role="assistant", sample=f"{self.sample}/t{turn}",
                                               attempt=attempt, sampling=self.sampling,
                                               tools=[t.openai() for t in tools.values()])
                 message = self._from_native(done, tools, turn)
@@ -251,7 +251,7 @@ class LLMAssistant:
                 chat = [{"role": "system", "content": self.system()}, *render_for_model(messages)]
                 if nudge:
                     chat.append({"role": "user", "content": nudge})
-                done = await self.client.chat(chat, stage=self.stage, role="assistant", sample=f"{self.sample}/t{turn}",
+                done = await self.client.chat(chat, phase=self.phase, role="assistant", sample=f"{self.sample}/t{turn}",
                                               attempt=attempt, sampling=self.sampling, schema=turn_schema(tools))
                 message = self._from_json(done, tools, turn)
             repeats = [c["function"]["name"] for c in (message or {}).get("tool_calls") or []
@@ -323,7 +323,7 @@ class LLMUser:
     task: Task
     sample: str
     sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=96))
-    stage: str = "rollout"
+    phase: str = "rollout"
     name: str = "llm-user"
     stopped: bool = False
     current: int = 1
@@ -354,7 +354,7 @@ class LLMUser:
                 view.append({"role": "user", "content": m["content"]})
         data = None
         for attempt in range(3):
-            done = await self.client.chat(view, stage=self.stage, role="user", sample=f"{self.sample}/u{turn}",
+            done = await self.client.chat(view, phase=self.phase, role="user", sample=f"{self.sample}/u{turn}",
                                           attempt=attempt, sampling=self.sampling, schema=USER_SCHEMA)
             data = parse_json_object(done.content)
             if data and data.get("action") in ("answer", "next_request", "stop"):
@@ -425,7 +425,7 @@ class TaskWriter:
 
     client: LLMClient
     sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.8, max_tokens=160))
-    stage: str = "tasks"
+    phase: str = "tasks"
     attempts: int = 2
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -439,7 +439,7 @@ class TaskWriter:
         values = request_values(task, i)
         prompt = render("task_writer", request=request, values=", ".join(f'"{v}"' for v in values) or "(none)")
         for attempt in range(self.attempts):
-            done = await self.client.chat([{"role": "user", "content": prompt}], stage=self.stage, role="task_writer",
+            done = await self.client.chat([{"role": "user", "content": prompt}], phase=self.phase, role="task_writer",
                                           sample=f"{task.task_id}/r{i}", attempt=attempt, sampling=self.sampling,
                                           schema=WRITER_SCHEMA)
             data = parse_json_object(done.content) or {}
@@ -474,7 +474,7 @@ class ToolMock:
     sample: str
     catalog: str = "an API"
     sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.0, max_tokens=256))
-    stage: str = "rollout"
+    phase: str = "rollout"
     attempts: int = 2
     history: list[tuple[str, dict[str, Any], Any]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)
@@ -519,7 +519,7 @@ class ToolMock:
                         arguments=canonical(args))
         validator = jsonschema.Draft202012Validator(schema)
         for attempt in range(self.attempts):
-            done = await self.client.chat([{"role": "user", "content": prompt}], stage=self.stage, role="tool_mock",
+            done = await self.client.chat([{"role": "user", "content": prompt}], phase=self.phase, role="tool_mock",
                                           sample=f"{self.sample}/{tool.name}/{canonical(args)}/{self.state_hash()}",
                                           attempt=attempt, sampling=self.sampling, schema=schema)
             text = done.content.strip()

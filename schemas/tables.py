@@ -433,7 +433,7 @@ LLM_USAGE = Table(
         {
             "run_id": _STR,
             "batch": _INT,
-            "stage": _STR,
+            "phase": _STR,
             "role": _STR,
             "model": _STR,
             **{k: {"type": "integer", "minimum": 0} for k in USAGE_COUNTS},
@@ -446,7 +446,7 @@ LLM_USAGE = Table(
         [
             ("run_id", pa.string()),
             ("batch", pa.int32()),
-            ("stage", pa.string()),
+            ("phase", pa.string()),
             ("role", pa.string()),
             ("model", pa.string()),
             *((k, pa.int64()) for k in USAGE_COUNTS),

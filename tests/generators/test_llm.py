@@ -28,7 +28,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 @pytest.fixture(scope="module")
 def server():
-    with running(port=free_port(), *("--hang", "5")) as url:
+    with running("--hang", "5", port=free_port()) as url:
         yield url
 
 
@@ -50,7 +50,7 @@ def client(url: str, tmp_path=None, *, transport: str = "aiohttp", **endpoint) -
 def chat(c: LLMClient, **kw):
     async def go():
         try:
-            return await c.chat(MESSAGES, stage="s", role="assistant", sample=kw.pop("sample", "x"), **kw)
+            return await c.chat(MESSAGES, phase="s", role="assistant", sample=kw.pop("sample", "x"), **kw)
         finally:
             await c.aclose()
 
@@ -176,7 +176,7 @@ def test_concurrency_is_bounded(server):
 
     async def go():
         try:
-            await asyncio.gather(*(c.chat(MESSAGES, stage="s", role="r", sample=str(i)) for i in range(12)))
+            await asyncio.gather(*(c.chat(MESSAGES, phase="s", role="r", sample=str(i)) for i in range(12)))
         finally:
             await c.aclose()
 

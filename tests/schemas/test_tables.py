@@ -21,8 +21,8 @@ import pytest
 
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
-from schemas import SCHEMA_VERSION, TABLES, Task
 from generators.llm import Usage
+from schemas import SCHEMA_VERSION, TABLES, Task
 from tests.helpers import SCRIPTED
 
 # Keys of the OpenAI message struct that a message may omit; Arrow stores an omitted key as null.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from storage import Corpus
-from verifiers.audit import MUTATIONS, audit
 from tests.helpers import SCRIPTED
+from verifiers.audit import MUTATIONS, audit
 
 
 def test_audit_of_a_fresh_corpus_finds_every_verifier_sound(tmp_path):
