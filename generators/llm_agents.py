@@ -22,6 +22,7 @@ from typing import Any
 import jsonschema
 
 from envs import Environment
+from generators.agents import asked_keys
 from generators.extraction import ExtractedCall, classify, extract_tool_calls
 from generators.llm import Completion, LLMClient, Sampling, canonical
 from schemas import Message, Task, Tool
@@ -107,20 +108,23 @@ def _tool_lines(tools: dict[str, Tool]) -> str:
     return "\n".join(lines)
 
 
-def _example(tools: dict[str, Tool]) -> tuple[str, str, str, str]:
-    """A one-argument read-only tool of the domain as the prompt's worked example: request, tool, arguments,
-    and a final answer quoting a field of its result (concrete words: a small model copies placeholders)."""
+def _example(tools: dict[str, Tool]) -> dict[str, str]:
+    """A one-argument read-only tool of the domain as the prompt's worked example, in which the assistant asks
+    for the value it lacks before calling (concrete words throughout: a small model copies placeholders)."""
     for name, tool in sorted(tools.items()):
         required = tool.parameters.get("required", [])
         if not tool.mutates and len(required) == 1:
             param = required[0]
-            value = {"integer": 7, "number": 7.5}.get(tool.parameters["properties"][param].get("type"), "X7")
+            value = {"integer": 7, "number": 7.5}.get(tool.parameters["properties"][param].get("type"), "K-17")
             fields = [f for f in ((tool.returns or {}).get("properties") or {}) if f != param] or ["status"]
-            answer = f"Done. The {fields[0].replace('_', ' ')} of {param.replace('_', ' ')} {value} is Y3."
-            return (f"{tool.description.rstrip('.')} for {param.replace('_', ' ')} {value}, please.", name,
-                    json.dumps({param: value}), answer)
+            words = param.replace("_", " ")
+            return {"example_request": f"{tool.description.rstrip('.')}, please.", "example_param": words,
+                    "example_value": str(value), "example_tool": name, "example_args": json.dumps({param: value}),
+                    "example_answer": json.dumps(f"Done. The {fields[0].replace('_', ' ')} for {words} {value} "
+                                                 "is Q-42.")}
     name = sorted(tools)[0]
-    return "Help me, please.", name, "{}", "Done."
+    return {"example_request": "Help me, please.", "example_param": "request", "example_value": "help",
+            "example_tool": name, "example_args": "{}", "example_answer": json.dumps("Done.")}
 
 
 def render_for_model(messages: list[Message]) -> list[dict[str, str]]:
@@ -227,10 +231,8 @@ class LLMAssistant:
 
     def system(self) -> str:
         tools = {n: s.record for n, s in self.env.specs.items()}
-        request, tool, args, answer = _example(tools)
         return render("assistant", domain_description=self.env.domain_cls.description,
-                      tools=_tool_lines(tools), example_request=request, example_tool=tool,
-                      example_args=args, example_answer=json.dumps(answer), hint=self.hint)
+                      tools=_tool_lines(tools), hint=self.hint, **_example(tools))
 
     async def act(self, messages: list[Message]) -> Message:
         turn = sum(1 for m in messages if m["role"] == "assistant")
@@ -314,7 +316,8 @@ class LLMUser:
     """A model playing the user: it decides whether to answer, move on or stop, and words its answers.
 
     The requests themselves are the task's (written once, checked for leaks); the model never sees the
-    reference plan. Failures of the rules are counted: ``early_stops`` (stopping with requests left: the
+    reference plan. Failures of the rules are counted and corrected: ``corrected_answers`` (asked for a private
+    value, the reply did not carry it: the value is given), ``early_stops`` (stopping with requests left: the
     next request is sent instead), ``overruns`` (asking for a next request when none is left: the user stops),
     ``malformed``.
     """
@@ -363,6 +366,12 @@ class LLMUser:
             data = None
         action = (data or {}).get("action", "answer")
         text = str((data or {}).get("message") or "").strip()
+        last = next((m.get("content") or "" for m in reversed(messages) if m["role"] == "assistant"), "")
+        asked = asked_keys(last, list(self.task.private_info)) if "?" in last else []
+        missing = [k for k in asked if str(self.task.private_info[k]).lower() not in text.lower()]
+        if missing:  # asked for what only the user knows: the answer must carry it (rule guard, counted)
+            self._count("corrected_answers")
+            return " ".join(f"My {k.replace('_', ' ')} is {self.task.private_info[k]}." for k in asked)
         if action == "stop" and self.current < len(self.task.requests):
             # the user's goal is not done: a simulator that quits early is counted and kept to its goal
             self._count("early_stops")

@@ -155,6 +155,18 @@ def test_user_sends_the_tasks_requests_verbatim_and_counts_rule_breaks(server, r
     assert run(early.respond(msgs)) == f"bye {STOP}" and early.stopped
 
 
+def test_user_asked_for_a_private_value_gives_it_even_when_the_model_does_not(server, retail):
+    task = hand_task(retail)
+    (key, value), = task.private_info.items()
+    asked = [{"role": "assistant", "content": f"Could you tell me your {key.replace('_', ' ')}?"}]
+    answers(server, json.dumps({"action": "next_request", "message": "sure"}))
+    user = LLMUser(client(server), task, "u3")
+    assert run(user.respond(asked)) == f"My {key.replace('_', ' ')} is {value}." and user.current == 1
+    answers(server, json.dumps({"action": "answer", "message": f"It's {value}, thanks"}))
+    assert run(user.respond(asked)) == f"It's {value}, thanks"  # the model's own words when they carry it
+    assert user.signals == {"corrected_answers": 1}
+
+
 def test_an_llm_episode_runs_to_the_stop_marker(server, retail):
     task = hand_task(retail, private_share=0.0)
     answers(server, turn(message="Done."), json.dumps({"action": "stop", "message": "Thanks"}))
