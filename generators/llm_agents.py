@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from string import Template
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -545,3 +546,20 @@ class ToolMock:
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
+
+
+class MockEnvironment:
+    """Tools without an implementation, played by a :class:`ToolMock`, behind the interface the episode loop
+    and the agents use (``specs``, ``domain_cls.description``, ``call``), so an imported catalog can be rolled
+    out like a built-in environment. Its state is the mock's call log; there is no database to diff."""
+
+    def __init__(self, mock: ToolMock, description: str):
+        self.mock = mock
+        self.specs = {name: SimpleNamespace(record=tool) for name, tool in mock.tools.items()}
+        self.domain_cls = SimpleNamespace(description=description)
+
+    async def call(self, call: dict[str, Any]) -> tuple[Any, str | None]:
+        return await self.mock.call(call)
+
+    def state_hash(self) -> str:
+        return self.mock.state_hash()

@@ -16,6 +16,7 @@ from generators.llm import EndpointConfig, LLMClient, RequestCache
 from generators.llm_agents import (
     LLMAssistant,
     LLMUser,
+    MockEnvironment,
     TaskWriter,
     ToolMock,
     check_request,
@@ -242,6 +243,26 @@ def test_tool_mock_validates_answers_and_calls(server, tmp_path):
     assert "Invalid arguments" in run(mock.call(call("get_weather", town="Oslo")))[1]
     answers(server, '{"error": "city not found"}')
     assert run(mock.call(call("get_weather", city="Atlantis"))) == (None, "city not found")
+
+
+def test_an_imported_catalog_is_rolled_out_against_the_tool_mock(server, tmp_path):
+    """No implementation anywhere: the assistant's calls are answered by the mock, consistently per state."""
+    task = hand_task(Environment(get_domain("retail"), 3), private_share=0.0)
+    task.requests = ["What is the weather in Lisbon?"]
+    env = MockEnvironment(ToolMock(client(server, RequestCache(tmp_path / "c.sqlite")), TOOLS, "cat1"),
+                          "A weather and alarm API.")
+    answers(server,
+            turn([("get_weather", {"city": "Lisbon"})]),           # assistant
+            '{"temp_c": 23}',                                      # tool mock
+            turn(message="It is 23 degrees in Lisbon."),           # assistant
+            json.dumps({"action": "stop", "message": "Thanks"}))   # user
+    traj = run(arun_episode(task, LLMUser(client(server), task, "c1"), LLMAssistant(client(server), env, "c1"),
+                            env, role="rollout", trajectory_id="t"))
+    tool_msgs = [m for m in traj.messages if m["role"] == "tool"]
+    assert [json.loads(m["content"]) for m in tool_msgs] == [{"temp_c": 23}]
+    assert "weather and alarm API" in traj.messages[0]["content"] and traj.messages[-1]["content"].endswith(STOP)
+    assert run(env.call(call("get_weather", city="Lisbon"))) == ({"temp_c": 23}, None)  # same state, same answer
+    assert env.mock.counts["cache_hits"] == 1
 
 
 def test_scripted_user_still_drives_a_sync_episode(retail):
