@@ -40,11 +40,19 @@ def _load_config(args: argparse.Namespace):
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
+    from generators.embedded import EmbeddedModelError
+    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
+
     config = _load_config(args)
     with prefect_api(args.port):
         from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
 
-        summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
+        try:
+            summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
+        except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
+            # what was finished is kept; the same command resumes (answers so far are in the request cache)
+            print(f"synthesize stopped: {exc}", file=sys.stderr)
+            return 3
     cov = summary["coverage"]
     print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
                      | {"coverage": cov, "llm": summary["llm"], "llm_usage": summary["llm_usage"],

@@ -24,7 +24,7 @@ from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
 from generators.graph import Coverage, domain_graph
-from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable
+from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable, check_reachable
 from storage import Corpus
 
 STAGE = "synthesize"
@@ -210,6 +210,10 @@ def synthesize(
     progress_id = create_progress_artifact(0.0, key=f"synthesize-{run_id}".lower(), description="Batches done")
     interactive = sys.stderr.isatty()
     pending = [b for b in range(config.n_batches) if not corpus.batch_done(run_id, STAGE, b)]
+    if any(config.llm_quota(b) for b in pending):  # fail in seconds, not after every retry of every batch
+        for name in {r.endpoint for r in config.agents.roles().values()}:
+            if config.agents.endpoints[name].base_url:
+                check_reachable(name, config.agents.endpoints[name].base_url)
     server = _ModelServer(config.agents.needs_embedded() and bool(pending), corpus)
     with server, Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:

@@ -90,6 +90,23 @@ class EndpointUnavailable(RuntimeError):
     """An endpoint kept failing after every retry; the batch fails and resumes from the cache later."""
 
 
+class EndpointUnreachable(RuntimeError):
+    """Nothing answers at an endpoint's address: checked before a run starts, so it fails in seconds."""
+
+
+def check_reachable(name: str, base_url: str, timeout_s: float = 5.0) -> None:
+    """Raise ``EndpointUnreachable`` if nothing answers HTTP at ``base_url`` (any status counts as an answer:
+    some servers have no ``/models``)."""
+    import httpx
+
+    try:
+        httpx.get(base_url.rstrip("/") + "/models", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise EndpointUnreachable(
+            f"endpoint {name!r} at {base_url} does not answer ({type(exc).__name__}: {exc}); start the server, "
+            "fix agents.endpoints.<name>.base_url, or run with --llm-tasks 0") from exc
+
+
 class BudgetExceeded(RuntimeError):
     """The run's request, token or cost budget is spent."""
 

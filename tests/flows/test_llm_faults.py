@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -90,3 +91,15 @@ def test_a_run_survives_a_faulty_endpoint_and_reruns_from_cache(prefect_server, 
         assert httpx.get(f"{url}/stats").json()["requests"] == stats["requests"]
         key = lambda r: r["trajectory_id"]  # noqa: E731
         assert sorted(rows(corpus, "trajectories"), key=key) == sorted(trajectories, key=key)
+
+
+def test_an_endpoint_nobody_answers_stops_the_run_in_seconds_with_its_name(prefect_server, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "synthesize", "--n-tasks", "8", "--batch-size", "8", "--llm-tasks", "1",
+         "--base-url", dead, "--model", "m", "--corpus", str(tmp_path / "corpus"), "--workers", "1"],
+        cwd=REPO, env=subprocess_env(prefect_server), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert f"endpoint 'cli' at {dead} does not answer" in out.stderr and "--llm-tasks 0" in out.stderr
+    assert time.monotonic() - start < 60
