@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import Environment
-from generators.agents import ScriptedUser, arun_episode, count_leaks
+from generators.agents import OracleAssistant, ScriptedUser, arun_episode, count_leaks
 from generators.config import SynthesizeConfig
 from generators.llm import BudgetExceeded, Endpoints, RequestCache
 from generators.llm_agents import LLMAssistant, LLMUser, TaskWriter, feedback_hint, plan_hint
@@ -115,8 +115,6 @@ class LLMStage:
         assistant = (LLMAssistant(self.endpoints[a_role.endpoint], env, sample, sampling=a_role.sampling, hint=hint)
                      if a_role.agent == "llm" else None)
         if assistant is None:  # a scripted assistant with an LLM user: the oracle is the assistant
-            from generators.agents import OracleAssistant
-
             assistant = OracleAssistant(task)
         user = (LLMUser(self.endpoints[u_role.endpoint], task, sample, sampling=u_role.sampling)
                 if u_role.agent == "llm" else ScriptedUser(task))

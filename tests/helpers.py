@@ -43,3 +43,18 @@ def execute_steps(env, calls):
 
 
 SCRIPTED = {"llm_tasks": 0}  # agents config of tests that need no model: scripted user and oracle assistant only
+
+
+def task_from_calls(env, calls, private_share: float = 0.0):
+    """A task built from hand-picked executed calls (see ``execute_steps``), phrased as the pipeline phrases it."""
+    import random
+
+    from generators.config import SamplingConfig
+    from generators.tasks import build_task
+
+    work, steps, initial = execute_steps(env, calls)
+    task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
+                      config=SamplingConfig(private_share=private_share), task_id="hand", run_id="test", batch=0,
+                      sampler_seed=0)
+    assert task is not None
+    return task

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 import re
 from typing import Any
 
@@ -22,10 +21,9 @@ import pytest
 
 from envs import DOMAINS, Environment
 from generators.agents import MAX_TURNS, STOP, OracleAssistant, ScriptedUser, call_tool, count_leaks, run_episode
-from generators.config import SamplingConfig
-from generators.tasks import build_task, sample_tasks
+from generators.tasks import sample_tasks
 from schemas import TABLES, Task, Trajectory
-from tests.helpers import execute_steps
+from tests.helpers import task_from_calls
 
 DOMAIN_NAMES = sorted(DOMAINS)
 
@@ -36,12 +34,7 @@ def _sample_tasks(env: Environment, n: int, seed: int) -> list[Task]:
 
 def _hand_task(env: Environment, calls: list[tuple[str, dict[str, Any]]], private_share: float = 0.0) -> Task:
     """A task from hand-picked executed calls (``(tool, args)``, args literal or ``{"$ref", "path"}``)."""
-    work, steps, initial = execute_steps(env, calls)
-    task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
-                      config=SamplingConfig(private_share=private_share), task_id="hand", run_id="test", batch=0,
-                      sampler_seed=0)
-    assert task is not None
-    return task
+    return task_from_calls(env, calls, private_share)
 
 
 @dataclasses.dataclass

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 
 import httpx
 import pytest
 
 from envs import Environment, get_domain
 from generators.agents import STOP, ScriptedUser, arun_episode
-from generators.config import SamplingConfig
 from generators.llm import EndpointConfig, LLMClient, RequestCache
 from generators.llm_agents import (
     LLMAssistant,
@@ -23,9 +21,8 @@ from generators.llm_agents import (
     plan_hint,
     render_for_model,
 )
-from generators.tasks import build_task
 from schemas import Tool
-from tests.helpers import execute_steps, free_port
+from tests.helpers import free_port, task_from_calls
 from tests.openai_server import running
 
 
@@ -60,12 +57,7 @@ def hand_task(env: Environment, private_share: float = 1.0):
     """get_customer → list_orders, with the customer id moved into the user's private information."""
     customer = env.db.execute("SELECT customer_id FROM customers ORDER BY customer_id LIMIT 1").fetchone()[0]
     calls = [("get_customer", {"customer_id": customer}), ("list_orders", {"customer_id": customer})]
-    work, steps, initial = execute_steps(env, calls)
-    task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
-                      config=SamplingConfig(private_share=private_share), task_id="hand", run_id="test", batch=0,
-                      sampler_seed=0)
-    assert task is not None
-    return task
+    return task_from_calls(env, calls, private_share)
 
 
 def turn(calls=(), message=""):
