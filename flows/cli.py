@@ -60,6 +60,53 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_curate_config(args: argparse.Namespace):
+    from flows.probes import CurateConfig
+
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    for key in ("run_name", "seed", "batch_size"):
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    if args.runs:
+        data["runs"] = args.runs.split(",")
+    for probe, k, n in (("necessity", args.no_tool_k, args.necessity_tasks), ("difficulty", args.rollouts, args.difficulty_tasks)):
+        if k is not None:
+            data.setdefault(probe, {})["k"] = k
+        if n is not None:
+            data.setdefault(probe, {})["max_tasks"] = n
+    if args.continuation:
+        data.setdefault("necessity", {})["continuation"] = args.continuation
+    if args.base_url:
+        endpoint = {"base_url": args.base_url, "model": args.model or "default",
+                    "structured_output": args.structured_output or "json_schema"}
+        data.setdefault("endpoints", {})["cli"] = endpoint
+        for probe in ("necessity", "difficulty"):
+            data.setdefault(probe, {})["endpoint"] = "cli"
+    if args.model_version:
+        data["model_version"] = args.model_version
+    return CurateConfig(**data)
+
+
+def cmd_curate(args: argparse.Namespace) -> int:
+    from generators.embedded import EmbeddedModelError
+    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
+
+    config = _load_curate_config(args)
+    with prefect_api(args.port):
+        from flows.curate import curate
+
+        try:
+            summary = curate(config=config, corpus_root=args.corpus)
+        except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
+            print(f"curate stopped: {exc}", file=sys.stderr)
+            return 3
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"curate failed: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps({k: v for k, v in summary.items() if k != "pass_rates"}, indent=2, default=str))
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from storage import Corpus
 
@@ -85,14 +132,17 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage import Corpus, export_trl
+    from storage import Corpus, export_selection, export_trl
 
     try:
-        n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+        if args.format == "trl":
+            n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+        else:
+            n = export_selection(Corpus(args.corpus), args.format, args.out)
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {n} conversations to {args.out}")
+    print(f"wrote {n} rows to {args.out}")
     return 0
 
 
@@ -166,8 +216,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rows", dest="max_rows", type=int, default=50)
     p.set_defaults(fn=cmd_query)
 
-    p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools)")
-    p.add_argument("format", choices=["trl"])
+    p = sub.add_parser("curate", help="run the curate flow: dedup, decontamination, necessity and difficulty probes")
+    p.add_argument("--config", help="JSON file with CurateConfig fields")
+    p.add_argument("--run-name", dest="run_name")
+    p.add_argument("--runs", help="comma-separated synthesize run ids (default: every complete run)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--batch-size", dest="batch_size", type=int)
+    p.add_argument("--no-tool-k", dest="no_tool_k", type=int, help="no-tool attempts per probed task (0 = none)")
+    p.add_argument("--necessity-tasks", dest="necessity_tasks", type=int, help="tasks probed without tools")
+    p.add_argument("--continuation", choices=["replay", "model"], help="how an ablated conversation is finished")
+    p.add_argument("--rollouts", type=int, help="policy rollouts per probed task (0 = no difficulty probe)")
+    p.add_argument("--difficulty-tasks", dest="difficulty_tasks", type=int, help="tasks probed for difficulty")
+    p.add_argument("--base-url", dest="base_url", help="an OpenAI-compatible endpoint for both probes "
+                   "(default: the embedded local model)")
+    p.add_argument("--model", help="model name at --base-url")
+    p.add_argument("--model-version", dest="model_version", help="version recorded with the labels")
+    p.add_argument("--structured-output", dest="structured_output", choices=["json_schema", "json_object_schema", "none"])
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    p.set_defaults(fn=cmd_curate)
+
+    p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
+    p.add_argument("format", choices=["trl", "sft_v1", "rl_v1"])
     p.add_argument("--out", required=True)
     p.add_argument("--run-id", dest="run_id")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)

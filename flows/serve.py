@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from flows.curate import curate
+from flows.probes import CurateConfig
 from flows.synthesize import synthesize
 from generators.config import SynthesizeConfig
 
-FLOWS = {"synthesize": synthesize}
+FLOWS = {"synthesize": synthesize, "curate": curate}
 
 
 def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpus",
@@ -27,6 +29,12 @@ def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpu
             parameters={"config": config.model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
             description="Synthesise a verified tool-use corpus on the built-in environments.",
             tags=["synthloop"],
-        )
+        ),
+        curate.to_deployment(  # started from the UI (its form is CurateConfig); unscheduled: it follows a synthesis
+            name="default",
+            parameters={"config": CurateConfig().model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
+            description="Dedup, decontaminate and probe the corpus: necessity labels, min_calls, difficulty buckets.",
+            tags=["synthloop"],
+        ),
     ]
     serve(*deployments, print_starting_message=True)

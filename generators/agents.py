@@ -75,17 +75,23 @@ def run_episode(
 
 async def arun_episode(
     task: Task, user: Any, assistant: Any, env: Any, *, role: str, trajectory_id: str, max_turns: int = MAX_TURNS,
+    prefix: list[Message] | None = None,
 ) -> Trajectory:
     """Run one conversation to the user's stop marker (or ``max_turns``) and record it.
 
     Agents' ``act``/``respond`` and the environment's ``call`` may be plain or async (LLM agents, a tool mock).
+    With ``prefix`` (a conversation cut after a user or tool message, or after an assistant turn that made no
+    calls) the agents continue it instead of starting anew; ``env`` must already be in the state the
+    prefix's calls left, and ``user`` must know which requests the prefix already made (``ScriptedUser.resume``).
     """
     start = time.perf_counter()
-    messages: list[Message] = [
+    messages: list[Message] = list(prefix) if prefix else [
         {"role": "system", "content": system_prompt(env)},
         {"role": "user", "content": user.first_message()},
     ]
     turns = 0
+    if prefix and messages[-1].get("role") == "assistant":  # a cut after a turn of pure text: the user's move
+        messages.append({"role": "user", "content": await _value(user.respond(messages))})
     while turns < max_turns and not user.stopped:
         turns += 1
         reply = await _value(assistant.act(messages))
@@ -171,6 +177,12 @@ class ScriptedUser:
 
     def first_message(self) -> str:
         return self.task.requests[0]
+
+    def resume(self, messages: list[Message]) -> ScriptedUser:
+        """Pick up a conversation someone else began: the requests already in it count as made."""
+        said = [m.get("content") for m in messages if m.get("role") == "user"]
+        self.next_request = max([i + 1 for i, r in enumerate(self.task.requests) if r in said], default=1)
+        return self
 
     def respond(self, messages: list[Message]) -> str:
         text = (messages[-1].get("content") or "").lower()

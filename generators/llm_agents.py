@@ -305,6 +305,36 @@ class LLMAssistant:
             for k, c in enumerate(calls)]}
 
 
+@dataclass
+class NoToolAssistant:
+    """The target model with no tools: the necessity probe's attempt to do the task from the words alone.
+
+    Plain chat, no schema (nothing to call); the conversation it produces has no tool messages, so the
+    task's verifier judges only what it said (and that it changed nothing).
+    """
+
+    client: LLMClient
+    env: Environment
+    sample: str
+    sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=128))
+    phase: str = "necessity"
+    name: str = "no-tool-assistant"
+
+    @property
+    def model(self) -> str:
+        return self.client.endpoint.model
+
+    async def act(self, messages: list[Message]) -> Message:
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        chat = [{"role": "system", "content": render("assistant_no_tools",
+                                                     domain_description=self.env.domain_cls.description)},
+                *({"role": m["role"], "content": m.get("content") or ""} for m in messages
+                  if m["role"] in ("user", "assistant"))]
+        done = await self.client.chat(chat, phase=self.phase, role="assistant", sample=f"{self.sample}/t{turn}",
+                                      sampling=self.sampling)
+        return {"role": "assistant", "content": done.content.strip() or "I cannot do that without a system."}
+
+
 # --- user simulator -------------------------------------------------------------------------------------
 
 USER_SCHEMA = {"type": "object",

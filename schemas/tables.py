@@ -456,6 +456,131 @@ LLM_USAGE = Table(
     ),
 )
 
+# --- curation: one row per task per curate run; a new model version or policy adds rows, never overwrites ----
+_NNUM = {"type": ["number", "null"]}
+_NINT = {"type": ["integer", "null"]}
+_NBOOL = {"type": ["boolean", "null"]}
+_CURATED = {"task_id": _STR, "run_id": _STR, "curate_run_id": _STR, "measured_at": _NUM}
+_ARROW_CURATED = [("task_id", pa.string()), ("run_id", pa.string()), ("curate_run_id", pa.string()),
+                  ("measured_at", pa.float64())]
+
+NECESSITY = Table(
+    "necessity",
+    _obj(
+        {
+            **_CURATED,
+            "model": _STR,
+            "model_version": _STR,
+            "no_tool_k": _INT,
+            "no_tool_passes": _NINT,
+            "no_tool_pass_rate": _NNUM,
+            "threshold": _NUM,
+            "label": {"enum": ["necessary", "unnecessary", None]},
+            "ref_calls": _INT,
+            "min_calls": _INT,
+            "ablation_source": {"enum": ["reference", "replay", "model"]},
+            "ablation_candidates": _INT,
+            "removed_calls": _STRS,
+            "no_tool_seconds": _NNUM,
+            "ablation_seconds": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            *_ARROW_CURATED,
+            ("model", pa.string()),
+            ("model_version", pa.string()),
+            ("no_tool_k", pa.int32()),
+            ("no_tool_passes", pa.int32()),
+            ("no_tool_pass_rate", pa.float64()),
+            ("threshold", pa.float64()),
+            ("label", pa.string()),
+            ("ref_calls", pa.int32()),
+            ("min_calls", pa.int32()),
+            ("ablation_source", pa.string()),
+            ("ablation_candidates", pa.int32()),
+            ("removed_calls", pa.list_(pa.string())),
+            ("no_tool_seconds", pa.float64()),
+            ("ablation_seconds", pa.float64()),
+        ]
+    ),
+)
+
+_COMPONENT_STATS = _obj({"name": _STR, "mean": _NUM, "variance": _NUM})
+
+DIFFICULTY = Table(
+    "difficulty",
+    _obj(
+        {
+            **_CURATED,
+            "policy": _STR,
+            "policy_version": _STR,
+            "k": _INT,
+            "passes": _INT,
+            "pass_rate": _NUM,
+            "outcome_pass_rate": _NUM,
+            "bucket": {"enum": ["easy", "boundary", "hard", "never_solved", "verifier_suspect"]},
+            "priority": _NUM,
+            "components": {"type": "array", "items": _COMPONENT_STATS},
+            "reference_rechecked": _BOOL,
+            "reference_passed": _NBOOL,
+            "reference_detail": _STR,
+            "seconds": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            *_ARROW_CURATED,
+            ("policy", pa.string()),
+            ("policy_version", pa.string()),
+            ("k", pa.int32()),
+            ("passes", pa.int32()),
+            ("pass_rate", pa.float64()),
+            ("outcome_pass_rate", pa.float64()),
+            ("bucket", pa.string()),
+            ("priority", pa.float64()),
+            ("components", pa.list_(pa.struct([("name", pa.string()), ("mean", pa.float64()),
+                                                ("variance", pa.float64())]))),
+            ("reference_rechecked", pa.bool_()),
+            ("reference_passed", pa.bool_()),
+            ("reference_detail", pa.string()),
+            ("seconds", pa.float64()),
+        ]
+    ),
+)
+
+DEDUP = Table(
+    "dedup",
+    _obj(
+        {
+            **_CURATED,
+            "content_hash": _STR,
+            "exact_of": _NSTR,
+            "near_of": _NSTR,
+            "cluster": _STR,
+            "duplicate": _BOOL,
+            "contaminated": _BOOL,
+            "contamination_items": _STRS,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            *_ARROW_CURATED,
+            ("content_hash", pa.string()),
+            ("exact_of", pa.string()),
+            ("near_of", pa.string()),
+            ("cluster", pa.string()),
+            ("duplicate", pa.bool_()),
+            ("contaminated", pa.bool_()),
+            ("contamination_items", pa.list_(pa.string())),
+        ]
+    ),
+)
+
 TABLES: dict[str, Table] = {
-    t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE)
+    t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE,
+                        NECESSITY, DIFFICULTY, DEDUP)
 }

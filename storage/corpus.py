@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas import TABLES
+from storage.selections import CURATION_VIEWS, selection_views
 
 DEFAULT_ROOT = Path("data/corpus")
 
@@ -187,8 +188,18 @@ _DERIVED = {
 }
 
 
+def _empty_view(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """A typed view with no rows, so queries over curation columns work before the first curate run."""
+    schema = TABLES[table].arrow_schema
+    types = con.from_arrow(schema.empty_table()).types
+    cols = ", ".join(f'NULL::{t} AS "{f.name}"' for f, t in zip(schema, types))
+    con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT {cols}, NULL::VARCHAR AS run, NULL::VARCHAR AS stage "
+                "WHERE false")
+
+
 def create_views(con: duckdb.DuckDBPyConnection, shards: dict[str, list[Path]]) -> None:
-    """A view per table over the listed shard files (the hive columns ``run`` and ``stage`` included)."""
+    """A view per table over the listed shard files (the hive columns ``run`` and ``stage`` included), the
+    convenience views, and, once a synthesize run exists, the curation views and the splits."""
     for table, files in shards.items():
         listed = ", ".join("'" + f.as_posix().replace("'", "''") + "'" for f in files)
         con.execute(
@@ -198,4 +209,10 @@ def create_views(con: duckdb.DuckDBPyConnection, shards: dict[str, list[Path]]) 
     for name, sql in _DERIVED.items():
         needed = {"tasks"} | ({"trajectories"} if "trajectories" in sql else set()) | ({"verdicts"} if "verdicts" in sql else set())
         if needed <= set(shards):
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
+    if {"tasks", "trajectories", "verdicts"} <= set(shards):
+        for table in ("necessity", "difficulty", "dedup"):
+            if table not in shards:
+                _empty_view(con, table)
+        for name, sql in {**CURATION_VIEWS, **selection_views()}.items():
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")

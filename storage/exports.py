@@ -43,7 +43,17 @@ def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> in
         "SELECT task_id, domain, messages, tools FROM accepted_trajectories WHERE run_id = ? ORDER BY task_id",
         [run_id],
     ).fetchall()
-    tools_by_domain = {}
+    records = _conversations(corpus, rows)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(records, schema=TRL_SCHEMA), out)
+    return len(records)
+
+
+def _conversations(corpus: Corpus, rows: list[tuple]) -> list[dict]:
+    """``(task_id, domain, messages, tool names)`` rows as TRL records: the OpenAI tools of the domain's
+    catalog, and the conversation ending on the assistant's last message (the user's closing turn dropped)."""
+    tools_by_domain: dict[str, dict] = {}
     for tool in corpus.read("tools"):
         tools_by_domain.setdefault(tool["domain"], {})[tool["name"]] = {
             "type": "function",
@@ -60,7 +70,35 @@ def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> in
             "messages": messages,
             "tools": json.dumps([catalog[n] for n in names if n in catalog], sort_keys=True),
         })
+    return records
+
+
+def export_selection(corpus: Corpus, key: str, out: str | Path) -> int:
+    """Write a named split (``sft_v1``, ``rl_v1``, ...) to Parquet, with its name and query digest in the
+    file's metadata. A split of conversations is written in TRL's format (``messages`` + ``tools``, plus
+    ``kind``); a split of tasks as its own columns."""
+    from storage.selections import SELECTIONS
+
+    if key not in SELECTIONS:
+        raise ValueError(f"unknown selection {key!r}; known: {sorted(SELECTIONS)}")
+    selection = SELECTIONS[key]
+    con = corpus.connect()
+    if "tasks" not in corpus.tables():
+        raise ValueError(f"no corpus in {corpus.root}; run `synthloop synthesize` first")
+    rel = con.execute(f"SELECT * FROM split_{key}")
+    cols = [d[0] for d in rel.description]
+    rows = [dict(zip(cols, r)) for r in rel.fetchall()]
+    if "messages" in cols:
+        records = _conversations(corpus, [(r["task_id"], r["domain"], r["messages"], r["tools"]) for r in rows])
+        for record, row in zip(records, rows):
+            record.update(kind=row["kind"], run_id=row["run_id"], trajectory_id=row["trajectory_id"])
+        schema = pa.schema([*TRL_SCHEMA, ("kind", pa.string()), ("run_id", pa.string()), ("trajectory_id", pa.string())])
+        table = pa.Table.from_pylist(records, schema=schema)
+    else:
+        table = con.sql(f"SELECT * FROM split_{key}").to_arrow_table()
+    table = table.replace_schema_metadata({b"synthloop.selection": key.encode(),
+                                           b"synthloop.selection_digest": selection.digest.encode()})
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(records, schema=TRL_SCHEMA), out)
-    return len(records)
+    pq.write_table(table, out)
+    return table.num_rows

@@ -5,7 +5,7 @@ injected faults, a scripted stand-in for a model.
     python -m tests.openai_server --port 8100 --rate-429 .1 --rate-500 .1 --rate-timeout .05 --rate-malformed .05
 
 Answers: a request with a JSON schema gets the smallest JSON that fits the schemas synthloop's agents send
-(assistant turn, user turn, rewritten request); anything else gets "ok". ``POST /control`` with
+(assistant turn, user turn, rewritten request); anything else gets "ok" (with ``--echo``: the last user message). ``POST /control`` with
 ``{"plan": [...]}`` queues the outcomes of the next requests ("429", "500", "400", "timeout", "malformed",
 "ok", or ``{"content": "..."}``); ``GET /stats`` counts what was answered.
 """
@@ -27,11 +27,12 @@ from pathlib import Path
 from aiohttp import web
 
 
-def _content(body: dict) -> str:
+def _content(body: dict, echo: bool = False) -> str:
     fmt = body.get("response_format") or {}
     schema = fmt.get("schema") or (fmt.get("json_schema") or {}).get("schema")
-    if not schema:
-        return "ok"
+    if not schema:  # a parrot with --echo: it says back the user's last message, so it knows only what it was told
+        users = [m.get("content") or "" for m in body.get("messages", []) if m.get("role") == "user"]
+        return users[-1] if echo and users else "ok"
     props = schema.get("properties", {})
     if "tool_calls" in props:
         return json.dumps({"tool_calls": [], "message": "I have done what you asked."})
@@ -44,7 +45,7 @@ def _content(body: dict) -> str:
     return json.dumps({})
 
 
-def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: float) -> web.Application:
+def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: float, echo: bool = False) -> web.Application:
     rng = random.Random(seed)
     stats: Counter = Counter()
     plan: list = []
@@ -74,7 +75,7 @@ def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: floa
             return web.json_response({"error": {"message": "too late"}}, status=504)
         if kind == "malformed":
             return web.Response(text='{"choices": [{"message": ', content_type="application/json")
-        content = outcome["content"] if isinstance(outcome, dict) else _content(body)
+        content = outcome["content"] if isinstance(outcome, dict) else _content(body, echo)
         stats["answered"] += 1
         return web.json_response({
             "id": f"chatcmpl-{stats['requests']}", "object": "chat.completion", "created": int(time.time()),
@@ -137,9 +138,10 @@ def main() -> None:
     p.add_argument("--rate-malformed", type=float, default=0.0)
     p.add_argument("--hang", type=float, default=30.0, help="how long a 'timeout' request hangs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--echo", action="store_true", help="answer plain (schema-less) chats with the last user message")
     a = p.parse_args()
     rates = {"429": a.rate_429, "500": a.rate_500, "timeout": a.rate_timeout, "malformed": a.rate_malformed}
-    web.run_app(make_app(latency=a.latency, rates=rates, seed=a.seed, hang_s=a.hang), host="127.0.0.1",
+    web.run_app(make_app(latency=a.latency, rates=rates, seed=a.seed, hang_s=a.hang, echo=a.echo), host="127.0.0.1",
                 port=a.port, access_log=None, print=None, backlog=4096)
 
 

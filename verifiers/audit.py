@@ -25,6 +25,7 @@ from envs import Environment, get_domain
 from schemas import Task, Trajectory
 from storage import Corpus
 from verifiers.checks import NUMBER, verify
+from verifiers.controls import CONTROL_KINDS
 
 MUTATIONS = ("drop_call", "perturb_argument", "swap_tool", "repeat_write", "corrupt_answer", "truncate")
 
@@ -110,7 +111,8 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
     tasks = {r["task_id"]: Task.from_row(r) for r in corpus.read("tasks", run_id) if r["task_id"] in set(ids)}
     trajectories: dict[str, list[Trajectory]] = {}
     for row in corpus.read("trajectories", run_id):
-        if row["task_id"] in tasks:
+        # the reference and its controls; LLM rollouts and curation probes are judged elsewhere
+        if row["task_id"] in tasks and (row["role"] == "reference" or row["role"] in CONTROL_KINDS):
             row.pop("schema_version", None)
             trajectories.setdefault(row["task_id"], []).append(Trajectory(**row))
     rng = random.Random(seed)

@@ -27,11 +27,12 @@ def wait_for(fn, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def create_flow_run(api: str, deployment_id: str) -> dict:
+def create_flow_run(api: str, deployment_id: str, parameters: dict | None = None) -> dict:
     """POST create_flow_run, retrying what a busy SQLite-backed server answers transiently (5xx, 429)."""
     deadline = time.monotonic() + 60
+    body = {"parameters": parameters} if parameters else {}
     while True:
-        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json={}, timeout=30)
+        r = httpx.post(f"{api}/deployments/{deployment_id}/create_flow_run", json=body, timeout=30)
         if r.status_code < 300:
             return r.json()
         if r.status_code not in (429, 500, 502, 503) or time.monotonic() > deadline:
@@ -48,11 +49,14 @@ def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
         cwd=REPO, env=subprocess_env(api), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        def deployment():
+        def deployments():
             r = httpx.post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": ["default"]}}})
-            return r.json() if r.status_code == 200 and r.json() else None
+            return r.json() if r.status_code == 200 and len(r.json()) == 2 else None
 
-        found = wait_for(deployment, 120, "the deployment to be registered")[0]
+        by_flow = {httpx.get(f"{api}/flows/{d['flow_id']}").json()["name"]: d
+                   for d in wait_for(deployments, 120, "the deployments to be registered")}
+        assert set(by_flow) == {"synthesize", "curate"}
+        found = by_flow["synthesize"]
         assert found["schedules"] and found["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
         flow = httpx.get(f"{api}/flows/{found['flow_id']}").json()
         assert flow["name"] == "synthesize"
@@ -78,6 +82,16 @@ def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
         assert page.status_code == 200 and "<html" in page.text.lower()
         counts = httpx.post(f"{api}/ui/flows/count-deployments", json={"flow_ids": [found["flow_id"]]})
         assert counts.status_code == 200 and counts.json() == {found["flow_id"]: 1}  # what the flows page shows
+
+        # the curate deployment, started through the API with typed parameters (no model: dedup + ablation)
+        curate = by_flow["curate"]
+        assert "description" in curate["parameter_openapi_schema"]["definitions"]["NecessityConfig"]["properties"]["k"]
+        config = {"necessity": {"k": 0}, "difficulty": {"k": 0}}
+        run = create_flow_run(api, curate["id"], {"config": config, "corpus_root": str(corpus)})
+        final = wait_for(final_state, 240, "the curate run to finish")
+        assert final["type"] == "COMPLETED", final
+        con = Corpus(corpus).connect()
+        assert con.execute("SELECT count(*), count(min_calls) FROM curation").fetchone() == (40, 40)
     finally:
         serve.send_signal(signal.SIGINT)
         try:

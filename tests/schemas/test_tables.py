@@ -31,8 +31,38 @@ _OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")
 _RECORD_KEY = {"tasks": "task_id", "trajectories": "trajectory_id", "verdicts": "verdict_id", "tools": "name"}
 
 
+def _curation_rows(tables: dict[str, list[dict[str, Any]]], root) -> dict[str, list[dict[str, Any]]]:
+    """Rows of the curation tables made by their real builders on the batch (the controls stand in for
+    policy rollouts, the reference for a no-tool attempt's verdict; no model needed)."""
+    from envs import Environment, get_domain
+    from flows.curate import dedup_rows
+    from flows.probes import CurateConfig, difficulty_row, necessity_row
+    from schemas import Trajectory
+    from storage import Corpus
+    from verifiers.checks import verify
+    from verifiers.difficulty import difficulty
+    from verifiers.necessity import minimal_calls
+
+    config = CurateConfig(dedup={"benchmark": None})
+    corpus = Corpus(root)
+    run_id = tables["tasks"][0]["run_id"]
+    corpus.write_batch(run_id, "synthesize", 0, {t: tables[t] for t in ("tasks", "trajectories", "verdicts")}, {})
+    corpus.write_manifest(run_id, {"stage": "synthesize", "status": "complete"})
+    out: dict[str, list[dict[str, Any]]] = {"dedup": dedup_rows(corpus, config, "c")[0], "necessity": [], "difficulty": []}
+    for row in tables["tasks"][:3]:
+        task = Task.from_row(row)
+        env = Environment(get_domain(task.domain), task.env_seed)
+        trajs = [Trajectory(**{k: v for k, v in t.items() if k != "schema_version"})
+                 for t in tables["trajectories"] if t["task_id"] == task.task_id]
+        ref = next(t for t in trajs if t.role == "reference")
+        attempts = [(t, verify(task, t, env)) for t in trajs]
+        out["necessity"].append(necessity_row(config, "c", task, minimal_calls(task, ref, env), attempts[:2], 0.01))
+        out["difficulty"].append(difficulty_row(config, "c", task, difficulty([v for _, v in attempts]), attempts))
+    return out
+
+
 @pytest.fixture(scope="module")
-def rows() -> dict[str, list[dict[str, Any]]]:
+def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     """Real rows of every table: one small synthesis batch plus the catalog of all built-in domains."""
     result = run_batch(SynthesizeConfig(n_tasks=8, batch_size=8, agents=SCRIPTED), 0)
     tables = dict(result.tables)
@@ -42,6 +72,7 @@ def rows() -> dict[str, list[dict[str, Any]]]:
               cost_usd=0.00012, latency_s=3.5)
     usage.add("tasks", "task_writer", "m", cache_hits=3)
     tables["llm_usage"] = usage.to_rows("r", 0)
+    tables.update(_curation_rows(tables, tmp_path_factory.mktemp("corpus")))
     assert set(tables) == set(TABLES)
     for name, table_rows in tables.items():
         assert table_rows, f"no {name} rows to test with"

@@ -180,7 +180,10 @@ def test_views_exist_for_every_written_table_and_the_derived_ones(corpus: Corpus
     con = corpus.connect()
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     written = set(batch[0]) | set(catalog)
-    assert views == written | {"accepted_tasks", "accepted_trajectories", "verdict_components"}
+    curation = {"necessity", "difficulty", "dedup", "necessity_latest", "difficulty_latest", "dedup_latest",
+                "curation_labels", "curation", "split_sft_v1", "split_rl_v1"}  # empty until a curate run
+    assert views == written | {"accepted_tasks", "accepted_trajectories", "verdict_components"} | curation
+    assert con.execute("SELECT count(*), count(necessity_label) FROM curation").fetchone() == (len(batch[0]["tasks"]), 0)
     tables = batch[0]
     for t in written:
         rows = tables.get(t) or catalog[t]

@@ -85,3 +85,19 @@ def test_planted_bfcl_questions_are_all_found_and_tasks_are_clean(texts):
     framed = [f"Hi! I need some help. {q} Thanks." for _, q in planted]
     assert all(qid in index.match(text) for (qid, _), text in zip(planted, framed))
     assert not [k for k, t in texts if index.match(t)]  # our synthetic tasks overlap no benchmark item
+
+
+def test_the_same_template_with_other_values_is_a_distinct_task(texts):
+    """What over-merges templated data: two instances of one template that differ only in an id or amount."""
+    import re
+
+    value = re.compile(r"\b([A-Z])(\d{4})\b")
+    variants = []
+    for key, text in texts:
+        if value.search(text):  # another entity of the same kind: the same words, a different task
+            variants.append((f"other-{key}", value.sub(lambda m: f"{m.group(1)}{(int(m.group(2)) + 37) % 10000:04d}",
+                                                        text, count=1)))
+    assert len(variants) > 60
+    found = {d.key: d for d in find_duplicates(texts + variants)}
+    merged = [k for k in found if k.startswith("other-") and found[k].cluster == found[k.removeprefix("other-")].cluster]
+    assert merged == []

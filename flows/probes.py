@@ -1,0 +1,365 @@
+"""The curation probes of one batch of tasks, and the knobs of a curate run.
+
+For every task of the batch whose reference passes: call ablation down to ``min_calls``. For the tasks drawn
+for the model probes: ``necessity.k`` no-tool attempts of the target model and ``difficulty.k`` rollouts of
+the policy, every one judged by the task's own verifier. Plain functions and one small class, no Prefect:
+the ``curate`` flow runs one :func:`run_curate_batch` per Prefect task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from envs import Environment, get_domain
+from generators.agents import ScriptedUser, arun_episode
+from generators.config import code_version
+from generators.embedded import GGUF_SHA256
+from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
+from generators.llm_agents import LLMAssistant, LLMUser, NoToolAssistant
+from schemas import Message, Task, Trajectory
+from schemas.records import SCHEMA_VERSION
+from storage import Corpus
+from verifiers.checks import verify
+from verifiers.difficulty import Difficulty, Thresholds, difficulty
+from verifiers.necessity import Ablation, minimal_calls, necessity_label, no_tool_verdict
+
+
+class NecessityConfig(BaseModel):
+    """Does a task need its tools (for the target model), and how few calls does it need?"""
+
+    endpoint: str = Field(EMBEDDED, description="Target model: the name of an entry in `endpoints`.")
+    k: int = Field(3, ge=0, le=64, description="No-tool attempts per probed task (0 = no model probe; ablation still runs).")
+    threshold: float = Field(0.66, gt=0, le=1, description="No-tool pass rate at or above which a task is 'unnecessary'.")
+    max_tasks: int = Field(24, ge=0, description="Tasks probed with the model per curate run, drawn evenly over domains and "
+                           "accepted / not accepted (the ablation covers every task).")
+    continuation: Literal["replay", "model"] = Field(
+        "replay", description="After removing a call: 'replay' the rest of the conversation; 'model' also lets the "
+        "target model continue from the cut (probed tasks only; costs requests).")
+    max_turns: int = Field(4, ge=1, le=40, description="Assistant turns per no-tool attempt.")
+    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=128))
+
+
+class DifficultyConfig(BaseModel):
+    """How hard is a task for the policy: k verified rollouts, pass rate p̂, buckets."""
+
+    endpoint: str = Field(EMBEDDED, description="Policy: the name of an entry in `endpoints`.")
+    k: int = Field(4, ge=0, le=64, description="Rollouts per probed task (0 = no difficulty probe).")
+    max_tasks: int = Field(8, ge=0, description="Tasks probed per curate run (drawn like the necessity probe's).")
+    max_calls: int | None = Field(None, ge=1, description="Only tasks whose reference has at most this many calls.")
+    easy_min: float = Field(0.75, ge=0, le=1, description="p̂ at or above this: 'easy'.")
+    hard_max: float = Field(0.25, ge=0, le=1, description="0 < p̂ at or below this: 'hard'; between: 'boundary'.")
+    user: Literal["scripted", "llm"] = Field("scripted", description="Who plays the user in the rollouts.")
+    max_turns: int = Field(6, ge=2, le=40, description="Assistant turns per rollout.")
+    sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=256))
+
+    @model_validator(mode="after")
+    def _thresholds(self) -> DifficultyConfig:
+        Thresholds(self.easy_min, self.hard_max)
+        return self
+
+
+class DedupConfig(BaseModel):
+    """Exact and near-duplicate detection across every run of the corpus, and benchmark decontamination."""
+
+    threshold: float = Field(0.7, gt=0, le=1, description="Jaccard similarity of the template-stripped shingles at or "
+                             "above which tasks are near duplicates.")
+    value_threshold: float = Field(1.0, ge=0, le=1, description="Near duplicates must also share this much of their "
+                                   "values (ids, numbers, emails): another id is another task.")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations.")
+    shingle: int = Field(2, ge=1, le=8, description="Words per shingle.")
+    template_share: float = Field(0.2, gt=0, le=1, description="A word in at least this share of tasks is template and stripped.")
+    benchmark: str | None = Field("bfcl", description="Decontaminate against the BFCL questions of the shared folder; "
+                                  "null = skip. A folder path is read as a BFCL folder.")
+    ngram: int = Field(8, ge=3, le=32, description="Word n-gram length of the contamination match.")
+
+
+class CurateConfig(BaseModel):
+    """One curate run over a corpus: dedup and decontamination, necessity and difficulty probes.
+
+    A run's id hashes this config, the synthesize runs it reads, the code and the target model's version:
+    the same command resumes, and a new model version starts a new run whose rows sit beside the old ones.
+    """
+
+    run_name: str = Field("curate", pattern=r"^[A-Za-z0-9_\-]+$")
+    runs: list[str] = Field(default_factory=list, description="Synthesize runs to curate ([] = every complete one).")
+    seed: int = Field(0, description="Draw of the probed tasks and of the models' samples.")
+    batch_size: int = Field(200, ge=1, le=5000, description="Tasks per batch: one Prefect task run, one shard per table.")
+    endpoints: dict[str, EndpointConfig] = Field(
+        default_factory=lambda: {EMBEDDED: EndpointConfig()},
+        description="Named OpenAI-compatible endpoints; one without base_url is the embedded local model.")
+    model_version: str | None = Field(
+        None, description="Recorded with every label; default: the embedded model's weights digest, else the model name.")
+    concurrency: int = Field(1, ge=1, le=512, description="Conversations in flight at once per batch (a CPU llama.cpp "
+                             "server answers one at a time).")
+    necessity: NecessityConfig = Field(default_factory=NecessityConfig)
+    difficulty: DifficultyConfig = Field(default_factory=DifficultyConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    budget: Budget = Field(default_factory=Budget)
+
+    @model_validator(mode="after")
+    def _known_endpoints(self) -> CurateConfig:
+        for probe in ("necessity", "difficulty"):
+            name = getattr(self, probe).endpoint
+            if name not in self.endpoints:
+                raise ValueError(f"{probe}.endpoint {name!r} is not in endpoints ({sorted(self.endpoints)})")
+        return self
+
+    def uses_model(self) -> bool:
+        return bool(self.necessity.k and self.necessity.max_tasks) or bool(self.difficulty.k and self.difficulty.max_tasks)
+
+    def needs_embedded(self) -> bool:
+        return self.uses_model() and any(self.endpoints[p.endpoint].base_url is None
+                                         for p in (self.necessity, self.difficulty) if p.k and p.max_tasks)
+
+    def version_of(self, endpoint: str) -> str:
+        """What a label is measured for: the configured version, the embedded weights' digest, or the model name."""
+        cfg = self.endpoints[endpoint]
+        if self.model_version:
+            return self.model_version
+        return f"{cfg.model}@{GGUF_SHA256[:12]}" if cfg.base_url is None else cfg.model
+
+    def run_id(self, sources: list[str]) -> str:
+        blob = json.dumps({"config": self.model_dump(mode="json"), "sources": sorted(sources), "code": code_version(),
+                           "versions": [self.version_of(self.necessity.endpoint), self.version_of(self.difficulty.endpoint)]},
+                          sort_keys=True)
+        return f"{self.run_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+@dataclass
+class CurateBatch:
+    """What one batch does: ablation of ``keys``; model probes of the keys listed in the probe lists."""
+
+    batch: int
+    keys: list[tuple[str, str]]  # (synthesize run id, task id)
+    necessity: list[tuple[str, str]] = field(default_factory=list)
+    difficulty: list[tuple[str, str]] = field(default_factory=list)
+
+
+def load_tasks(corpus: Corpus, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[Task, Trajectory]]:
+    """Tasks and their reference trajectories, by (run id, task id), straight from Parquet."""
+    from schemas import TABLES
+
+    con = corpus.connect()
+    con.execute("CREATE TEMP TABLE wanted (run_id VARCHAR, task_id VARCHAR)")
+    con.executemany("INSERT INTO wanted VALUES (?, ?)", keys)
+    out = {}
+    tasks = TABLES["tasks"].from_arrow(con.sql(
+        "SELECT t.* EXCLUDE (run, stage) FROM tasks t JOIN wanted USING (run_id, task_id)").to_arrow_table())
+    refs = TABLES["trajectories"].from_arrow(con.sql(
+        "SELECT tr.* EXCLUDE (run, stage) FROM trajectories tr JOIN wanted USING (run_id, task_id) "
+        "WHERE tr.role = 'reference' AND tr.run = tr.run_id").to_arrow_table())
+    by_key = {(r["run_id"], r["task_id"]): r for r in refs}
+    for row in tasks:
+        key = (row["run_id"], row["task_id"])
+        ref = by_key[key]
+        ref.pop("schema_version", None)
+        out[key] = (Task.from_row(row), Trajectory(**ref))
+    return out
+
+
+def run_curate_batch(config: CurateConfig, run_id: str, corpus: Corpus, job: CurateBatch,
+                     base_urls: dict[str, str], cache_path: str | None) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+    """Probe one batch; returns the rows per table and the batch summary."""
+    start = time.perf_counter()
+    loaded = load_tasks(corpus, job.keys)
+    envs: dict[tuple[str, int], Environment] = {}
+
+    def env_of(task: Task) -> Environment:
+        return envs.setdefault((task.domain, task.env_seed), Environment(get_domain(task.domain), task.env_seed))
+
+    probes = _Probes(config, run_id, base_urls, cache_path) if (job.necessity or job.difficulty) else None
+    rows: dict[str, list[dict]] = {"necessity": [], "difficulty": [], "trajectories": [], "verdicts": [], "llm_usage": []}
+    counts: Counter = Counter()
+    no_tool: dict = {}
+    rollouts: dict = {}
+    try:
+        no_tool = probes.no_tool({k: loaded[k] for k in job.necessity}, env_of) if probes and config.necessity.k else {}
+        rollouts = (probes.rollouts({k: loaded[k] for k in job.difficulty}, env_of)
+                    if probes and config.difficulty.k else {})
+        for key in job.keys:
+            task, ref = loaded[key]
+            env = env_of(task)
+            t0 = time.perf_counter()
+            continuations = ([("model", probes.continuation(task, env))]
+                             if probes and key in no_tool and config.necessity.continuation == "model" else [])
+            ablation = minimal_calls(task, ref, env, continuations=continuations)
+            ablation_s = time.perf_counter() - t0
+            attempts = no_tool.get(key)
+            rows["necessity"].append(necessity_row(config, run_id, task, ablation, attempts, ablation_s))
+            counts["tasks"] += 1
+            counts["reduced_by_ablation"] += ablation.min_calls < ablation.ref_calls
+            if ablation.removed:
+                verdict = verify(task, ablation.trajectory, env)
+                _keep(rows, ablation.trajectory, verdict, run_id)
+            for traj, verdict in attempts or []:
+                _keep(rows, traj, verdict, run_id)
+            if key in rollouts:
+                attempts_p = rollouts[key]
+                d = difficulty([v for _, v in attempts_p], Thresholds(config.difficulty.easy_min, config.difficulty.hard_max),
+                               recheck=lambda task=task, ref=ref, env=env: verify(task, ref, env))
+                rows["difficulty"].append(difficulty_row(config, run_id, task, d, attempts_p))
+                for traj, verdict in attempts_p:
+                    _keep(rows, traj, verdict, run_id)
+        if probes:
+            rows["llm_usage"] = probes.endpoints.usage.to_rows(run_id, job.batch)
+            counts.update(probes.counts)
+    finally:
+        if probes:
+            probes.close()
+    counts["necessity_probed"] = len(no_tool)
+    counts["difficulty_probed"] = len(rollouts)
+    summary = {"batch": job.batch, **dict(counts), "duration_s": round(time.perf_counter() - start, 3)}
+    return rows, summary
+
+
+def necessity_row(config: CurateConfig, run_id: str, task: Task, ablation: Ablation, attempts: list | None,
+                  ablation_s: float) -> dict[str, Any]:
+    """The ``necessity`` row of a task: the ablation's ``min_calls`` and, if probed, its no-tool attempts."""
+    passes = sum(v.outcome_passed for _, v in attempts) if attempts else None
+    k = len(attempts) if attempts else 0
+    return {
+        "task_id": task.task_id, "run_id": task.run_id, "curate_run_id": run_id, "measured_at": time.time(),
+        "model": config.endpoints[config.necessity.endpoint].model,
+        "model_version": config.version_of(config.necessity.endpoint),
+        "no_tool_k": k, "no_tool_passes": passes, "no_tool_pass_rate": round(passes / k, 6) if k else None,
+        "threshold": config.necessity.threshold,
+        "label": necessity_label(passes, k, config.necessity.threshold) if k else None,
+        "ref_calls": ablation.ref_calls, "min_calls": ablation.min_calls, "ablation_source": ablation.source,
+        "ablation_candidates": ablation.candidates, "removed_calls": ablation.removed,
+        "no_tool_seconds": round(sum(t.metadata["duration_s"] for t, _ in attempts), 3) if attempts else None,
+        "ablation_seconds": round(ablation_s, 4), "schema_version": SCHEMA_VERSION,
+    }
+
+
+def difficulty_row(config: CurateConfig, run_id: str, task: Task, d: Difficulty, attempts: list) -> dict[str, Any]:
+    """The ``difficulty`` row of a task from its policy rollouts."""
+    return {
+        "task_id": task.task_id, "run_id": task.run_id, "curate_run_id": run_id, "measured_at": time.time(),
+        "policy": config.endpoints[config.difficulty.endpoint].model,
+        "policy_version": config.version_of(config.difficulty.endpoint),
+        "k": d.k, "passes": d.passes, "pass_rate": d.pass_rate, "outcome_pass_rate": d.outcome_pass_rate,
+        "bucket": d.bucket, "priority": d.priority, "components": d.components,
+        "reference_rechecked": d.reference_rechecked, "reference_passed": d.reference_passed,
+        "reference_detail": d.reference_detail,
+        "seconds": round(sum(t.metadata["duration_s"] for t, _ in attempts), 3), "schema_version": SCHEMA_VERSION,
+    }
+
+
+def _keep(rows: dict[str, list[dict]], traj: Trajectory, verdict, run_id: str) -> None:
+    """A probe's trajectory and verdict, with ids unique to this curate run (a re-probe keeps the old ones)."""
+    tid = f"{traj.trajectory_id}@{run_id}"
+    traj = Trajectory(**{**traj.__dict__, "trajectory_id": tid})
+    rows["trajectories"].append(traj.to_row())
+    row = verdict.to_row()
+    row.update(trajectory_id=tid, verdict_id=f"{tid}/v", control=traj.role)
+    rows["verdicts"].append(row)
+
+
+class _Probes:
+    """The model side of a batch: the clients, one event loop, the attempts."""
+
+    def __init__(self, config: CurateConfig, run_id: str, base_urls: dict[str, str], cache_path: str | None):
+        self.config = config
+        self.counts: Counter = Counter()
+        self.loop = asyncio.new_event_loop()
+        used = {config.necessity.endpoint, config.difficulty.endpoint}
+        cache = RequestCache(cache_path) if cache_path else None
+        self.endpoints = Endpoints({n: config.endpoints[n] for n in used}, base_urls, cache=cache, run_id=run_id,
+                                   budget=config.budget)
+        self.sem = asyncio.Semaphore(config.concurrency)
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.endpoints.aclose())
+        if self.endpoints.cache is not None:
+            self.endpoints.cache.close()
+        self.loop.close()
+
+    def _gather(self, jobs: dict[Any, Any]) -> dict[Any, Any]:
+        async def run() -> list[Any]:
+            return await asyncio.gather(*jobs.values())
+        return dict(zip(jobs, self.loop.run_until_complete(run())))
+
+    # necessity: no-tool attempts -----------------------------------------------------------------------
+    def no_tool(self, loaded: dict, env_of) -> dict[tuple[str, str], list]:
+        return {k: v for k, v in self._gather({key: self._no_tool(task, env_of(task))
+                                               for key, (task, _) in loaded.items()}).items() if v}
+
+    async def _no_tool(self, task: Task, env: Environment) -> list:
+        cfg = self.config.necessity
+        out = []
+        for j in range(cfg.k):
+            async with self.sem:
+                assistant = NoToolAssistant(self.endpoints[cfg.endpoint], env, f"{task.task_id}/no_tool/{self.config.seed}/{j}",
+                                            sampling=cfg.sampling)
+                try:
+                    traj = await arun_episode(task, ScriptedUser(task), assistant, env.fork(), role="no_tool",
+                                              trajectory_id=f"{task.task_id}-no_tool-{j}", max_turns=cfg.max_turns)
+                except BudgetExceeded:
+                    self.counts["necessity_skipped_budget"] += 1
+                    return []
+            traj.tools = []
+            traj.metadata["attempt"] = j
+            verdict = no_tool_verdict(task, traj, env)
+            out.append((traj, verdict))
+            self.counts["no_tool_attempts"] += 1
+            self.counts["no_tool_passed"] += verdict.outcome_passed
+        return out
+
+    def continuation(self, task: Task, env: Environment):
+        """The target model finishing a cut conversation (for the ablation), with the scripted user."""
+        cfg = self.config.necessity
+
+        def finish(prefix: list[Message]) -> list[Message] | None:
+            state = env.fork()
+            for m in prefix:
+                for call in m.get("tool_calls") or []:
+                    state.call(call)
+            digest = hashlib.sha256(json.dumps(prefix, sort_keys=True).encode()).hexdigest()[:12]
+            assistant = LLMAssistant(self.endpoints[cfg.endpoint], state, f"{task.task_id}/ablate/{digest}",
+                                     phase="necessity")
+            try:
+                traj = self.loop.run_until_complete(arun_episode(
+                    task, ScriptedUser(task).resume(prefix), assistant, state, role="minimal",
+                    trajectory_id=f"{task.task_id}-minimal", max_turns=cfg.max_turns, prefix=prefix))
+            except BudgetExceeded:
+                return None
+            self.counts["ablation_model_continuations"] += 1
+            return traj.messages
+
+        return finish
+
+    # difficulty: policy rollouts -----------------------------------------------------------------------
+    def rollouts(self, loaded: dict, env_of) -> dict[tuple[str, str], list]:
+        return {k: v for k, v in self._gather({key: self._rollouts(task, ref, env_of(task))
+                                               for key, (task, ref) in loaded.items()}).items() if v}
+
+    async def _rollouts(self, task: Task, ref: Trajectory, env: Environment) -> list:
+        cfg = self.config.difficulty
+        out = []
+        for j in range(cfg.k):
+            sample = f"{task.task_id}/policy/{self.config.seed}/{j}"
+            async with self.sem:
+                assistant = LLMAssistant(self.endpoints[cfg.endpoint], env, sample, sampling=cfg.sampling,
+                                         phase="difficulty")
+                user = (LLMUser(self.endpoints[cfg.endpoint], task, sample, phase="difficulty") if cfg.user == "llm"
+                        else ScriptedUser(task))
+                try:
+                    traj = await arun_episode(task, user, assistant, env.fork(), role="probe",
+                                              trajectory_id=f"{task.task_id}-probe-{j}", max_turns=cfg.max_turns)
+                except BudgetExceeded:
+                    self.counts["difficulty_skipped_budget"] += 1
+                    return []
+            traj.metadata.update(attempt=j, signals={s: int(n) for s, n in assistant.signals.items() if n})
+            verdict = verify(task, traj, env)
+            out.append((traj, verdict))
+            self.counts["policy_rollouts"] += 1
+            self.counts["policy_rollouts_passed"] += verdict.passed
+        return out
