@@ -264,7 +264,10 @@ def _keep(rows: dict[str, list[dict]], traj: Trajectory, verdict, run_id: str) -
 
 
 class _Probes:
-    """The model side of a batch: the clients, one event loop, the attempts."""
+    """The model side of a batch: the clients, one event loop, the attempts.
+
+    Every request's sample id carries the model version: a server that keeps its model name across new
+    weights must not be answered from the cache of the old ones."""
 
     def __init__(self, config: CurateConfig, run_id: str, base_urls: dict[str, str], cache_path: str | None):
         self.config = config
@@ -297,8 +300,8 @@ class _Probes:
         out = []
         for j in range(cfg.k):
             async with self.sem:
-                assistant = NoToolAssistant(self.endpoints[cfg.endpoint], env, f"{task.task_id}/no_tool/{self.config.seed}/{j}",
-                                            sampling=cfg.sampling)
+                sample = f"{task.task_id}/no_tool/{self.config.version_of(cfg.endpoint)}/{self.config.seed}/{j}"
+                assistant = NoToolAssistant(self.endpoints[cfg.endpoint], env, sample, sampling=cfg.sampling)
                 try:
                     traj = await arun_episode(task, ScriptedUser(task), assistant, env.fork(), role="no_tool",
                                               trajectory_id=f"{task.task_id}-no_tool-{j}", max_turns=cfg.max_turns)
@@ -323,7 +326,8 @@ class _Probes:
                 for call in m.get("tool_calls") or []:
                     state.call(call)
             digest = hashlib.sha256(json.dumps(prefix, sort_keys=True).encode()).hexdigest()[:12]
-            assistant = LLMAssistant(self.endpoints[cfg.endpoint], state, f"{task.task_id}/ablate/{digest}",
+            assistant = LLMAssistant(self.endpoints[cfg.endpoint], state,
+                                     f"{task.task_id}/ablate/{self.config.version_of(cfg.endpoint)}/{digest}",
                                      phase="necessity")
             try:
                 traj = self.loop.run_until_complete(arun_episode(
@@ -345,7 +349,7 @@ class _Probes:
         cfg = self.config.difficulty
         out = []
         for j in range(cfg.k):
-            sample = f"{task.task_id}/policy/{self.config.seed}/{j}"
+            sample = f"{task.task_id}/policy/{self.config.version_of(cfg.endpoint)}/{self.config.seed}/{j}"
             async with self.sem:
                 assistant = LLMAssistant(self.endpoints[cfg.endpoint], env, sample, sampling=cfg.sampling,
                                          phase="difficulty")
