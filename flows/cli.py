@@ -107,6 +107,35 @@ def cmd_curate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from flows.train import TrainConfig
+
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    if args.run_name:
+        data["run_name"] = args.run_name
+    if args.no_sft:
+        data["sft"] = None
+    else:
+        sft = data.setdefault("sft", {}) or {}
+        for key in ("max_steps", "batch_size", "policy", "adapter"):
+            if getattr(args, key, None) is not None:
+                sft[key] = getattr(args, key)
+        data["sft"] = sft
+    if args.eval_tasks:
+        data.setdefault("evaluation", {})["tasks"] = args.eval_tasks
+    config = TrainConfig(**data)
+    with prefect_api(args.port):
+        from flows.train import train
+
+        try:
+            summary = train(config=config, corpus_root=args.corpus)
+        except ValueError as exc:
+            print(f"train failed: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from storage import Corpus
 
@@ -235,6 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
     p.set_defaults(fn=cmd_curate)
+
+    p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, evaluate again")
+    p.add_argument("--config", help="JSON file with TrainConfig fields")
+    p.add_argument("--run-name", dest="run_name")
+    p.add_argument("--max-steps", dest="max_steps", type=int, help="SFT optimizer steps")
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="SFT conversations per step")
+    p.add_argument("--policy", help="base policy folder or hub id (default: the embedded SmolLM2-135M)")
+    p.add_argument("--adapter", choices=["lora", "full"])
+    p.add_argument("--no-sft", dest="no_sft", action="store_true", help="evaluate the base policy only")
+    p.add_argument("--eval-tasks", dest="eval_tasks", type=int, help="held-out tasks evaluated per stage")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--port", type=int, default=4200)
+    p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
     p.add_argument("format", choices=["trl", "sft_v1", "rl_v1"])

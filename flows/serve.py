@@ -11,9 +11,10 @@ from pathlib import Path
 from flows.curate import curate
 from flows.probes import CurateConfig
 from flows.synthesize import synthesize
+from flows.train import TrainConfig, train
 from generators.config import SynthesizeConfig
 
-FLOWS = {"synthesize": synthesize, "curate": curate}
+FLOWS = {"synthesize": synthesize, "curate": curate, "train": train}
 
 
 def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpus",
@@ -34,6 +35,12 @@ def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpu
             name="default",
             parameters={"config": CurateConfig().model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
             description="Dedup, decontaminate and probe the corpus: necessity labels, min_calls, difficulty buckets.",
+            tags=["synthloop"],
+        ),
+        train.to_deployment(  # started from the UI (its form is TrainConfig)
+            name="default",
+            parameters={"config": TrainConfig().model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
+            description="Evaluate the base policy on held-out tasks, SFT it on sft_v1, evaluate the result.",
             tags=["synthloop"],
         ),
     ]

@@ -580,7 +580,49 @@ DEDUP = Table(
     ),
 )
 
+# --- training: one row per evaluation of a policy (stage base / sft / grpo) in a train run -----------------------
+POLICY_EVALS = Table(
+    "policy_evals",
+    _obj(
+        {
+            "train_run_id": _STR,
+            "train_stage": _STR,
+            "policy": _STR,
+            "weights_digest": _STR,
+            "measured_at": _NUM,
+            "tasks": _INT,
+            "attempts": _INT,
+            "pass_at_1": _NUM,
+            "pass_all_k": _NUM,
+            "valid_call_rate": _NNUM,
+            "calls": _INT,
+            "malformed_calls": _INT,
+            "calls_per_success": _NNUM,
+            "seconds_per_task": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("train_run_id", pa.string()),
+            ("train_stage", pa.string()),
+            ("policy", pa.string()),
+            ("weights_digest", pa.string()),
+            ("measured_at", pa.float64()),
+            ("tasks", pa.int32()),
+            ("attempts", pa.int32()),
+            ("pass_at_1", pa.float64()),
+            ("pass_all_k", pa.float64()),
+            ("valid_call_rate", pa.float64()),
+            ("calls", pa.int32()),
+            ("malformed_calls", pa.int32()),
+            ("calls_per_success", pa.float64()),
+            ("seconds_per_task", pa.float64()),
+        ]
+    ),
+)
+
 TABLES: dict[str, Table] = {
     t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE,
-                        NECESSITY, DIFFICULTY, DEDUP)
+                        NECESSITY, DIFFICULTY, DEDUP, POLICY_EVALS)
 }

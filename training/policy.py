@@ -157,3 +157,46 @@ def parse_assistant(text: str, turn: int = 0) -> tuple[Message, list[str]]:
     if calls:
         message["tool_calls"] = calls
     return message, problems
+
+
+class StaleWeights(PolicyError):
+    """The weights about to produce rollouts are not the weights the manifest says were trained."""
+
+
+def weights_digest(model) -> str:
+    """sha256 over the trainable tensors (a LoRA adapter's, or all weights of a full fine-tune), by name.
+
+    An adapter that was never loaded, or loaded from another run, gives another digest: GRPO rollouts from
+    such weights would silently train nothing."""
+    import torch
+
+    digest = hashlib.sha256()
+    named = [(n, p) for n, p in model.named_parameters() if "lora_" in n] or list(model.named_parameters())
+    for name, param in sorted(named, key=lambda x: x[0]):
+        digest.update(name.encode())
+        digest.update(param.detach().to(torch.float32).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def load_policy(path: str | Path):
+    """``(model, tokenizer, manifest)`` of a trained policy folder (adapter or full weights), checked against
+    the weights digest its manifest recorded at the end of training; a mismatch raises :class:`StaleWeights`."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    manifest_file = path / "synthloop_policy.json"
+    if not manifest_file.exists():
+        raise PolicyError(f"{path} has no synthloop_policy.json; it is not a policy this project trained")
+    manifest = json.loads(manifest_file.read_text())
+    if manifest.get("adapter") == "lora":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(manifest["base"]), str(path))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+    found = weights_digest(model)
+    if found != manifest.get("weights_digest"):
+        raise StaleWeights(f"{path}: the loaded weights hash to {found}, but training ended at "
+                           f"{manifest.get('weights_digest')}; these are not the weights just trained")
+    model.eval()
+    return model, load_tokenizer(path), manifest
