@@ -108,7 +108,7 @@ def cmd_curate(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from flows.train import TrainConfig
+    from training.config import TrainConfig
 
     data = json.loads(Path(args.config).read_text()) if args.config else {}
     if args.run_name:

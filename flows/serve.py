@@ -11,8 +11,9 @@ from pathlib import Path
 from flows.curate import curate
 from flows.probes import CurateConfig
 from flows.synthesize import synthesize
-from flows.train import TrainConfig, train
+from flows.train import train
 from generators.config import SynthesizeConfig
+from training.config import TrainConfig
 
 FLOWS = {"synthesize": synthesize, "curate": curate, "train": train}
 

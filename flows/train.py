@@ -9,7 +9,6 @@ and runs with DuckDB. GRPO is the next stage to plug in here; it is refused by t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -17,43 +16,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, Field, model_validator
 
 from envs import Environment, get_domain
 from schemas import SCHEMA_VERSION, Task
 from storage import Corpus
+from training.config import TrainConfig
 from training.evaluate import evaluate, held_out_sql
-from training.sft import SFTSettings
 
 STAGE = "train"
-
-
-class EvalSettings(BaseModel):
-    """How a policy is evaluated on the held-out tasks."""
-
-    tasks: int = Field(20, ge=1, description="Held-out tasks evaluated (the first ones of the stratified held-out set).")
-    k: int = Field(1, ge=1, le=16, description="Attempts per task (pass^k needs k > 1; sampled at temperature 0.7).")
-    max_turns: int = Field(6, ge=1, le=40)
-    max_new_tokens: int = Field(160, ge=16, le=2048)
-
-
-class TrainConfig(BaseModel):
-    """One training run: which stages, on which corpus split, evaluated how."""
-
-    run_name: str = Field("train", pattern=r"^[A-Za-z0-9_\-]+$")
-    sft: SFTSettings | None = Field(default_factory=SFTSettings, description="SFT stage settings; null = skip SFT.")
-    grpo: bool = Field(False, description="GRPO after SFT (not built yet: must stay false).")
-    evaluation: EvalSettings = Field(default_factory=EvalSettings)
-
-    @model_validator(mode="after")
-    def _stages(self) -> TrainConfig:
-        if self.grpo:
-            raise ValueError("grpo: the GRPO stage is not built yet; run SFT and evaluation (grpo=false)")
-        return self
-
-    def run_id(self) -> str:
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
-        return f"{self.run_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
 def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Environment]]:

@@ -30,32 +30,36 @@ SMOLLM2 = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
+# Newlines are emitted as expressions ({{ NL }}), never as template text: the chat-template environment trims
+# a newline that follows a block tag, which once made the rollout prompt end in "assistant" while training
+# text had "assistant\n" (caught by the round-trip test, now exact).
+_NL = "{{ '\\n' }}"
 CHAT_TEMPLATE = (
-    "{%- macro args(a) -%}{%- if a is string -%}{{ a }}{%- else -%}{{ a | tojson }}{%- endif -%}{%- endmacro -%}"
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
-    "{%- else -%}{%- set system = 'You are a helpful assistant.' -%}{%- set rest = messages -%}{%- endif -%}"
-    "<|im_start|>system\n{{ system }}"
-    "{%- if tools %}\n\n# Tools\nCall a tool by writing <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; "
-    "several calls may follow each other. The tools:\n<tools>"
-    "{%- for tool in tools %}\n{{ (tool['function'] if tool['function'] is defined else tool) | tojson }}{%- endfor %}"
-    "\n</tools>{%- endif %}<|im_end|>\n"
-    "{%- for m in rest -%}"
-    "{%- if m['role'] == 'assistant' -%}"
-    "<|im_start|>assistant\n{% generation %}{{ m['content'] or '' }}"
-    "{%- for c in (m['tool_calls'] or []) -%}"
+    "{% macro args(a) %}{% if a is string %}{{ a }}{% else %}{{ a | tojson }}{% endif %}{% endmacro %}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] %}{% set rest = messages[1:] %}"
+    "{% else %}{% set system = 'You are a helpful assistant.' %}{% set rest = messages %}{% endif %}"
+    "<|im_start|>system" + _NL + "{{ system }}"
+    "{% if tools %}" + _NL + _NL + "# Tools" + _NL + "Call a tool by writing <tool_call>{\"name\": ..., "
+    "\"arguments\": {...}}</tool_call>; several calls may follow each other. The tools:" + _NL + "<tools>"
+    "{% for tool in tools %}" + _NL + "{{ (tool['function'] if tool['function'] is defined else tool) | tojson }}"
+    "{% endfor %}" + _NL + "</tools>{% endif %}<|im_end|>" + _NL +
+    "{% for m in rest %}"
+    "{% if m['role'] == 'assistant' %}"
+    "<|im_start|>assistant" + _NL + "{% generation %}{{ m['content'] or '' }}"
+    "{% for c in (m['tool_calls'] or []) %}"
     "<tool_call>{\"name\": {{ c['function']['name'] | tojson }}, \"arguments\": {{ args(c['function']['arguments']) }}}"
     "</tool_call>"
-    "{%- endfor -%}<|im_end|>{% endgeneration %}\n"
-    "{%- elif m['role'] == 'tool' -%}"
-    "{%- if loop.first or loop.previtem['role'] != 'tool' -%}<|im_start|>user\n{%- endif -%}"
+    "{% endfor %}<|im_end|>{% endgeneration %}" + _NL +
+    "{% elif m['role'] == 'tool' %}"
+    "{% if loop.first or loop.previtem['role'] != 'tool' %}<|im_start|>user" + _NL + "{% endif %}"
     "<tool_response>{{ m['content'] }}</tool_response>"
-    "{%- if loop.last or loop.nextitem['role'] != 'tool' -%}<|im_end|>\n{%- endif -%}"
-    "{%- else -%}"
-    "<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}<|im_end|>\n"
-    "{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+    "{% if loop.last or loop.nextitem['role'] != 'tool' %}<|im_end|>" + _NL + "{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ m['role'] }}" + _NL + "{{ m['content'] or '' }}<|im_end|>" + _NL +
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant" + _NL + "{% endif %}"
 )
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

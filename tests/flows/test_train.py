@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def trained(prefect_server, tmp_path_factory):
-    from flows.train import TrainConfig, train
+    from flows.train import train
+    from training.config import TrainConfig
 
     corpus = Corpus(tmp_path_factory.mktemp("corpus"))
     synth = SynthesizeConfig(run_name="tr", n_tasks=40, batch_size=40, agents=SCRIPTED, sampling={"depth_max": 2})
@@ -48,7 +49,7 @@ def test_a_rerun_resumes_every_stage(trained):
 
 
 def test_grpo_is_refused_until_it_exists():
-    from flows.train import TrainConfig
+    from training.config import TrainConfig
 
     with pytest.raises(ValueError, match="not built yet"):
         TrainConfig(grpo=True)

@@ -46,12 +46,28 @@ def test_every_assistant_turn_is_prompted_as_trained_and_parses_back(tokenizer, 
                 continue
             prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
             assert text.startswith(prompt), f"turn {i}: the rollout prompt is not what training rendered"
+            # what the policy must write next is exactly the assistant's turn: nothing of the template left over
+            assert text[len(prompt):].startswith(_turn(m)), f"turn {i}: {text[len(prompt):][:80]!r}"
             parsed, problems = parse_assistant(text[len(prompt):], turn=i)
             assert problems == []
             assert parsed["content"] == (m.get("content") or "").strip()
             assert _calls(parsed) == _calls(m)
             turns += 1
     assert turns > 150
+
+
+def _turn(m: dict) -> str:
+    return (m.get("content") or "") + "".join(
+        f'<tool_call>{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}</tool_call>'
+        for c in m.get("tool_calls") or []) + "<|im_end|>"
+
+
+def test_turns_are_separated_as_chatml(tokenizer, conversations):
+    messages, tools = conversations[0]
+    text = render(tokenizer, messages, tools)
+    assert "<|im_end|><|im_start|>" not in text and text.count("<|im_start|>assistant\n") == sum(
+        m["role"] == "assistant" for m in messages)
+    assert render(tokenizer, messages[:2], tools, add_generation_prompt=True).endswith("<|im_start|>assistant\n")
 
 
 def test_the_loss_mask_covers_exactly_what_the_assistant_wrote(tokenizer, conversations):
@@ -61,12 +77,7 @@ def test_the_loss_mask_covers_exactly_what_the_assistant_wrote(tokenizer, conver
     enc = tokenizer.apply_chat_template(plain, tools=tools, tokenize=True, return_dict=True,
                                         return_assistant_tokens_mask=True)
     masked = tokenizer.decode([t for t, keep in zip(enc["input_ids"], enc["assistant_masks"]) if keep])
-    expected = ""
-    for m in messages:
-        if m["role"] == "assistant":
-            expected += (m.get("content") or "") + "".join(
-                f'<tool_call>{{"name": "{c["function"]["name"]}", "arguments": {c["function"]["arguments"]}}}</tool_call>'
-                for c in m.get("tool_calls") or []) + "<|im_end|>"
+    expected = "".join(_turn(m) for m in messages if m["role"] == "assistant")
     assert masked == expected  # tool results, user turns and the system prompt carry no loss
     assert "<tool_response>" not in masked
 

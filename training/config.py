@@ -1,0 +1,45 @@
+"""The knobs of a training run, in one documented object (the ``train`` flow's parameter and the Prefect UI form).
+
+No Prefect import here: the CLI builds the config before it sets the Prefect API URL."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, Field, model_validator
+
+from training.sft import SFTSettings
+
+
+class EvalSettings(BaseModel):
+    """How a policy is evaluated on the held-out tasks."""
+
+    tasks: int = Field(20, ge=1, description="Held-out tasks evaluated (the first ones of the stratified held-out set).")
+    k: int = Field(1, ge=1, le=16, description="Attempts per task (pass^k needs k > 1; sampled at temperature 0.7).")
+    max_turns: int = Field(6, ge=1, le=40)
+    max_new_tokens: int = Field(160, ge=16, le=2048)
+
+
+class TrainConfig(BaseModel):
+    """One training run: which stages, on which corpus split, evaluated how."""
+
+    run_name: str = Field("train", pattern=r"^[A-Za-z0-9_\-]+$")
+    sft: SFTSettings | None = Field(default_factory=SFTSettings, description="SFT stage settings; null = skip SFT.")
+    grpo: bool = Field(False, description="GRPO after SFT (not built yet: must stay false).")
+    evaluation: EvalSettings = Field(default_factory=EvalSettings)
+
+    @model_validator(mode="after")
+    def _stages(self) -> TrainConfig:
+        if self.grpo:
+            raise ValueError("grpo: the GRPO stage is not built yet; run SFT and evaluation (grpo=false)")
+        return self
+
+    def run_id(self) -> str:
+        """Hash of the config and of the training code (a new chat template must not resume an old run)."""
+        code = hashlib.sha256()
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            code.update(path.name.encode() + path.read_bytes())
+        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code.hexdigest()}, sort_keys=True)
+        return f"{self.run_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
