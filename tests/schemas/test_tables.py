@@ -61,6 +61,25 @@ def _curation_rows(tables: dict[str, list[dict[str, Any]]], root) -> dict[str, l
     return out
 
 
+def _policy_eval_rows(tables: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A ``policy_evals`` row as the train flow writes it: the base policy evaluated on one task, briefly."""
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from envs import Environment, get_domain
+    from training.evaluate import evaluate
+    from training.policy import load_tokenizer, policy_path, weights_digest
+
+    task = Task.from_row(next(t for t in tables["tasks"] if t["accepted"]))
+    path = str(policy_path())
+    model = AutoModelForCausalLM.from_pretrained(path)
+    result = evaluate(model, load_tokenizer(path), [(task, Environment(get_domain(task.domain), task.env_seed))],
+                      max_turns=1, max_new_tokens=8, label="base")
+    return [{"train_run_id": "t", "train_stage": "base", "policy": "base", "weights_digest": weights_digest(model),
+             "measured_at": time.time(), **result.summary(), "schema_version": SCHEMA_VERSION}]
+
+
 @pytest.fixture(scope="module")
 def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     """Real rows of every table: one small synthesis batch plus the catalog of all built-in domains."""
@@ -73,6 +92,7 @@ def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     usage.add("tasks", "task_writer", "m", cache_hits=3)
     tables["llm_usage"] = usage.to_rows("r", 0)
     tables.update(_curation_rows(tables, tmp_path_factory.mktemp("corpus")))
+    tables["policy_evals"] = _policy_eval_rows(tables)
     assert set(tables) == set(TABLES)
     for name, table_rows in tables.items():
         assert table_rows, f"no {name} rows to test with"
