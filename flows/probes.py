@@ -24,7 +24,7 @@ from generators.config import code_version
 from generators.embedded import GGUF_SHA256
 from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
 from generators.llm_agents import LLMAssistant, LLMUser, NoToolAssistant
-from schemas import Message, Task, Trajectory
+from schemas import TABLES, Message, Task, Trajectory
 from schemas.records import SCHEMA_VERSION
 from storage import Corpus
 from verifiers.checks import verify
@@ -145,8 +145,6 @@ class CurateBatch:
 
 def load_tasks(corpus: Corpus, keys: list[tuple[str, str]]) -> dict[tuple[str, str], tuple[Task, Trajectory]]:
     """Tasks and their reference trajectories, by (run id, task id), straight from Parquet."""
-    from schemas import TABLES
-
     con = corpus.connect()
     con.execute("CREATE TEMP TABLE wanted (run_id VARCHAR, task_id VARCHAR)")
     con.executemany("INSERT INTO wanted VALUES (?, ?)", keys)
