@@ -19,6 +19,7 @@ from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks,
 from generators.config import SynthesizeConfig
 from generators.graph import Coverage, domain_graph
 from generators.tasks import PlanSampler, sample_task, task_id_for
+from generators.variants import expand_seeds, fresh_env_seed, sample_variant
 from schemas import Task
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
@@ -35,6 +36,9 @@ def catalog_rows(domains: list[str]) -> dict[str, list[dict[str, Any]]]:
 
 
 def env_seed(config: SynthesizeConfig, batch: int, domain: str) -> int:
+    if config.variants:  # variants get a fresh environment: other ids and values than any parent's
+        avoid = {s.parent_env_seed for s in config.variants if s.domain == domain and s.parent_env_seed is not None}
+        return fresh_env_seed(f"{config.seed}/{batch}/{domain}/env/variants", avoid)
     return random.Random(f"{config.seed}/{batch}/{domain}/env").randrange(2**31)
 
 
@@ -105,6 +109,8 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         "tasks": len(rows.tasks),
         **{k: rows.counts[k] for k in ("accepted", "rejected", "sample_retries", "sample_failures", "trajectories",
                                        "verifications", "user_leaks")},
+        **({"variants": {k: rows.counts[f"variant_{k}"] for k in ("exact", "near", "failures")}}
+           if config.variants else {}),
         "llm": dict(sorted(llm.counts.items())) if llm is not None else {},
         "timings_s": {k: round(v, 3) for k, v in rows.timings.items()},
         "duration_s": round(time.perf_counter() - start, 3),
@@ -120,12 +126,23 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
 def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Environment],
           samplers: dict[str, PlanSampler], writer: LLMStage | None, rows: _Rows) -> Task | None:
     """Sample one task, (have its requests rewritten,) roll out its reference and controls, verify them."""
-    domain = config.domains[index % len(config.domains)]
-    env, sampler = envs[domain], samplers[domain]
     rng = random.Random(f"{config.seed}/{batch}/{index}")
     t0 = time.perf_counter()
-    task, retries = sample_task(sampler, rng, task_id=task_id_for(config.run_id, batch, index), run_id=config.run_id,
-                                batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
+    if config.variants:  # a variant of a parent: same signature, fresh environment, lineage to the parent
+        seed = expand_seeds(config.variants)[index]
+        domain = seed.domain
+        env, sampler = envs[domain], samplers[domain]
+        variant = sample_variant(env, sampler.graph, seed, rng, base=config.sampling, usage=sampler.usage,
+                                 task_id=task_id_for(config.run_id, batch, index), run_id=config.run_id,
+                                 batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
+        task, retries = variant.task, variant.tries - (variant.task is not None)
+        rows.counts[f"variant_{variant.match or 'failures'}"] += 1
+    else:
+        domain = config.domains[index % len(config.domains)]
+        env, sampler = envs[domain], samplers[domain]
+        task, retries = sample_task(sampler, rng, task_id=task_id_for(config.run_id, batch, index),
+                                    run_id=config.run_id, batch=batch, sampler_seed=index,
+                                    code_check_share=config.code_check_share)
     rows.counts["sample_retries"] += retries
     if task is None:
         rows.counts["sample_failures"] += 1

@@ -77,6 +77,9 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
     for b in batches:
         llm.update(b["summary"].get("llm", {}))
     totals["llm"] = dict(sorted(llm.items()))
+    if config.variants:  # signature match level reached per variant (exact, near), and parents left without one
+        totals["variants"] = {k: sum(b["summary"].get("variants", {}).get(k, 0) for b in batches)
+                              for k in ("exact", "near", "failures")}
     totals["llm_usage"] = usage_summary(corpus, config.run_id)
     totals["acceptance_rate"] = round(totals["accepted"] / totals["tasks"], 4) if totals["tasks"] else 0.0
     totals["batches_done"] = len(batches)

@@ -54,6 +54,53 @@ class SamplingConfig(BaseModel):
         return self
 
 
+WEAKNESSES = ("wrong_tool", "wrong_argument", "missing_step", "premature_answer", "wrong_answer", "format_error",
+              "looping", "gave_up", "constraint_violation", "none")
+Weakness = Literal["wrong_tool", "wrong_argument", "missing_step", "premature_answer", "wrong_answer", "format_error",
+                   "looping", "gave_up", "constraint_violation", "none"]
+Topology = Literal["single", "chain", "fork", "merge", "dag", "parallel"]
+
+
+class VariantSeed(BaseModel):
+    """A parent task of the closed loop and what its variants should drill (see ``generators.variants``).
+
+    Variants are new tasks on the parent's domain, sampled on a fresh environment (other values) with the
+    parent's structural signature (topology, depth, tool set), biased towards the diagnosed weakness.
+    JSON-serialisable, so a Prefect flow parameter carries a list of them.
+    """
+
+    parent_run_id: str = Field(description="Run of the parent task.")
+    parent_task_id: str = Field(description="The parent task's id within its run.")
+    domain: str = Field(description="The parent's domain; variants are sampled there.")
+    topology: Topology = Field(description="The parent's signature topology.")
+    depth: int = Field(ge=1, le=6, description="The parent's depth (calls on the longest dependency path).")
+    width: int = Field(1, ge=1, le=6, description="The parent's width (most calls at one dependency level).")
+    n_calls: int = Field(1, ge=1, description="The parent's number of calls.")
+    tools: list[str] = Field(min_length=1, description="The parent's tool set.")
+    weakness: Weakness = Field("none", description="The failure label the variants are biased towards.")
+    n: int = Field(1, ge=1, le=1000, description="Variants wanted from this parent.")
+    parent_round: int = Field(0, ge=0, description="The parent's lineage round; variants get round + 1.")
+    parent_env_seed: int | None = Field(None, description="The parent's environment seed; variants avoid it.")
+
+    @property
+    def parent_id(self) -> str:
+        """The parent's corpus-wide id, as variants store it in ``lineage.parent_id``."""
+        return f"{self.parent_run_id}/{self.parent_task_id}"
+
+    @model_validator(mode="after")
+    def _known_tools(self) -> VariantSeed:
+        from envs import DOMAINS
+
+        if self.domain not in DOMAINS:
+            raise ValueError(f"variant seed of {self.parent_id}: unknown domain {self.domain!r}; "
+                             f"built-in domains: {sorted(DOMAINS)}")
+        unknown = sorted(set(self.tools) - set(DOMAINS[self.domain].tools()))
+        if unknown:
+            raise ValueError(f"variant seed of {self.parent_id}: tools {unknown} are not tools of domain "
+                             f"{self.domain!r}; take the tool set from the parent's signature")
+        return self
+
+
 class RoleConfig(BaseModel):
     """Who plays one role, on which endpoint, with which sampling parameters."""
 
@@ -120,6 +167,11 @@ class SynthesizeConfig(BaseModel):
         0.03, ge=0, le=1, description="Share of tasks that also carry a verifier check expressed as code (run sandboxed)."
     )
     agents: AgentsConfig = Field(default_factory=AgentsConfig)
+    variants: list[VariantSeed] = Field(
+        default_factory=list,
+        description="Closed loop: parents to make variants of. When given, the run's tasks are these variants "
+        "(n_tasks = the sum of their n, in seed order) instead of freshly sampled tasks; [] = a normal run.",
+    )
 
     @field_validator("domains")
     @classmethod
@@ -132,6 +184,21 @@ class SynthesizeConfig(BaseModel):
         if len(set(domains)) != len(domains):
             raise ValueError(f"domains listed twice in {domains}")
         return domains
+
+    @model_validator(mode="after")
+    def _variant_tasks(self) -> SynthesizeConfig:
+        if not self.variants:
+            return self
+        missing = sorted({s.domain for s in self.variants} - set(self.domains))
+        if missing:
+            raise ValueError(f"variants: seeds on domain(s) {missing} not in domains {self.domains}; add them "
+                             f"to domains")
+        total = sum(s.n for s in self.variants)
+        if "n_tasks" in self.model_fields_set and self.n_tasks != total:
+            raise ValueError(f"n_tasks ({self.n_tasks}) must equal the variants wanted (sum of variants[].n = "
+                             f"{total}); leave n_tasks out of a variant run")
+        self.n_tasks = total
+        return self
 
     def llm_quota(self, batch: int) -> int:
         """How many of the batch's tasks get LLM rollouts: ``agents.llm_tasks`` spread evenly over the batches."""

@@ -1,0 +1,515 @@
+"""Failure diagnosis: why a trajectory failed its task's verifier, in a fixed taxonomy.
+
+The closed loop biases new tasks towards what the policy gets wrong (SEAL, ToolCritic), so every failed
+conversation is given one *primary* label, the list of every label that applies, and evidence (which call,
+which argument, expected vs got). ``diagnose`` is pure and fast: it reads the task (reference plan, the
+verifier's required calls and expected answer, private information, constraints), the conversation (calls,
+tool messages, assistant text) and the verdict's components; no model, no environment replay. Tool schemas,
+defaults and which tools write come from the built-in domain's tool specs where the task's domain is one.
+
+Calls are aligned with the verifier's required calls (the reference plan with concrete values): a successful
+call with the same tool and arguments (defaults filled in) *matches* a required call; a call of a tool that
+still has an unmatched required call is an *attempt* at it (wrong values); any other call is *extra*.
+
+========================  =======================================================================================
+label                     meaning (evidence)
+========================  =======================================================================================
+``format_error``          a tool call that does not parse (no function name, arguments not a JSON object), or
+                          calls the policy wrote that could not be read (``signals.malformed_calls``)
+``unknown_tool``          a call to a tool that does not exist in the domain or was not offered
+``looping``               the same call (tool + arguments) repeated after it failed, or made three times or more
+``invalid_arguments``     a call whose arguments break the tool's schema (missing required argument, wrong type,
+                          unknown parameter)
+``wrong_tool``            a call to an existing tool the reference plan never uses, while a required call is
+                          never attempted (the tool chosen instead of the right one)
+``wrong_argument``        an attempt at a required call with other argument values (param, expected, got);
+                          ``guessed_private``: the parameter is private information the user was never asked
+                          for (had not stated before the call), e.g. ``U0001`` where the user's id is ``U0005``
+``premature_answer``      an answer stated before (or without) the calls that produce it: an expected value
+                          stated before any message showed it, or numbers not from the conversation while an
+                          answer's source call is missing
+``constraint_violation``  a forbidden tool called, or more calls than the task's call budget
+``side_effect``           an unrequested state change: a successful extra call of a writing tool with the final
+                          state wrong, or the verifier's "unrequested/unexpected changes"
+``gave_up``               no tool call at all and no answer, or a refusal ("I can't ...") with required calls
+                          never made
+``missing_step``          a required call never attempted (no call of its tool left to match it)
+``wrong_answer``          an expected value not stated (or numbers not from the conversation) although its
+                          source call was made: the data was there, the answer is wrong or missing
+``ungrounded_argument``   a required call made with the right value, taken from nowhere in the conversation (a
+                          correct guess, e.g. of a private id)
+``extra_calls``           successful or failed calls that serve no required call and change nothing asked against
+``other``                 the verdict failed but none of the above explains it (observations differ from the
+                          real results, a code check, a verifier error); evidence lists the failed components
+========================  =======================================================================================
+
+Precedence (the primary label is the first that applies, in the order of the table): a call the policy
+cannot write or address comes first, then not reacting to errors (looping), then wrong calls (schema,
+tool, values), then answering without data, then rule breaking and side effects, then giving up, then
+omissions (missing steps, a wrong final answer), then process-only faults. A trajectory that passes its
+verifier is diagnosed ``passed`` with no labels; a verdict on a changed environment (drift) is ``other``
+with the verifier's error, since nothing it says about the trajectory holds.
+
+``VARIANT_WEAKNESS`` maps each label to the weakness the variant generator (``generators.variants``)
+biases towards.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
+
+import jsonschema
+
+from envs import DOMAINS, ToolSpec, parse_call
+from schemas import Task, Trajectory, Verdict
+from verifiers.checks import NUMBER, _occurrences, answer_found
+
+Label = Literal[
+    "format_error", "unknown_tool", "looping", "invalid_arguments", "wrong_tool", "wrong_argument",
+    "premature_answer", "constraint_violation", "side_effect", "gave_up", "missing_step", "wrong_answer",
+    "ungrounded_argument", "extra_calls", "other",
+]
+# The precedence: a failed trajectory's primary label is the first of these that applies.
+LABELS: tuple[str, ...] = get_args(Label)
+PASSED = "passed"
+
+# The weakness (``generators.config.WEAKNESSES``) variants of a task failed with this label should drill.
+VARIANT_WEAKNESS: dict[str, str] = {
+    "format_error": "format_error", "unknown_tool": "wrong_tool", "looping": "looping",
+    "invalid_arguments": "wrong_argument", "wrong_tool": "wrong_tool", "wrong_argument": "wrong_argument",
+    "premature_answer": "premature_answer", "constraint_violation": "constraint_violation",
+    "side_effect": "constraint_violation", "gave_up": "gave_up", "missing_step": "missing_step",
+    "wrong_answer": "wrong_answer", "ungrounded_argument": "wrong_argument", "extra_calls": "none", "other": "none",
+}
+
+# Agent signals (trajectory metadata) that count tool calls the agent wrote but the transcript lost.
+FORMAT_SIGNALS = ("malformed_calls", "extraction_problems")
+LOOP_REPEATS = 3  # identical calls, failing or not, that count as looping
+_REFUSAL = re.compile(r"\b(can ?not|can't|cannot|could ?not|couldn't|unable|not able|sorry|apologi[sz]e)\b", re.I)
+
+
+@dataclass
+class Diagnosis:
+    """Why one trajectory failed: the primary label, every label that applies, and the evidence.
+
+    Attributes:
+        trajectory_id: The diagnosed trajectory.
+        task_id: Its task.
+        primary: The first applicable label in ``LABELS`` order, or ``"passed"``.
+        labels: Every applicable label, in ``LABELS`` order (empty when passed).
+        evidence: Per label, a list of facts: ``call`` (index into the trajectory's tool calls), ``message``
+            (index into its messages), ``tool``, ``param``, ``expected``, ``got``, ``step`` (reference plan step
+            id), ``detail``, ``guessed_private`` (wrong_argument / ungrounded_argument), ``repeats`` and
+            ``calls`` (looping). A fact that does not apply is left out: a wrong_argument without ``expected``
+            is an argument the reference does not set, one without ``got`` an argument the call left out.
+        step: The call index of the primary label's first evidence (None if it is not about a call).
+        message: The message index of the primary label's first evidence, where it has one.
+        failed_components: The verdict's failed components, for reference.
+    """
+
+    trajectory_id: str
+    task_id: str
+    primary: str
+    labels: list[str] = field(default_factory=list)
+    evidence: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    step: int | None = None
+    message: int | None = None
+    failed_components: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.primary == PASSED
+
+    def to_row(self) -> dict[str, Any]:
+        """A flat row: evidence as JSON text (its shape varies by label)."""
+        row = asdict(self)
+        row["evidence"] = json.dumps(self.evidence, sort_keys=True, default=str)
+        return row
+
+
+@dataclass
+class _Call:
+    index: int  # position among the trajectory's tool calls
+    message: int  # index of the assistant message that made it
+    name: str | None
+    args: dict[str, Any] | None
+    raw: str  # the arguments as written (for identity of malformed calls)
+    status: str  # "ok", "malformed", "unknown", "invalid", "error"
+    error: str | None
+    role: str = ""  # "match", "attempt", "extra" after alignment
+    required: int | None = None  # index of the matched / attempted required call
+
+
+def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
+    """Label why ``trajectory`` failed ``task``'s verifier (``verdict``); ``primary == "passed"`` if it passed."""
+    failed = [c.name for c in verdict.components if not c.passed]
+    out = Diagnosis(trajectory_id=trajectory.trajectory_id, task_id=task.task_id, primary=PASSED,
+                    failed_components=failed)
+    if verdict.passed:
+        return out
+    ev: dict[str, list[dict[str, Any]]] = {}
+    if any(c.name == "environment" for c in verdict.components):  # drift: no judgement of the trajectory holds
+        out.primary, out.labels, out.evidence = "other", ["other"], {"other": [{"detail": verdict.error or ""}]}
+        return out
+
+    def add(label: str, **facts: Any) -> None:
+        ev.setdefault(label, []).append({k: v for k, v in facts.items() if v is not None})
+
+    component = {c.name: c for c in verdict.components}
+    specs: dict[str, ToolSpec] = DOMAINS[task.domain].tools() if task.domain in DOMAINS else {}
+    checks = {c["name"]: c for c in task.verifier.get("checks", [])}
+    required: list[dict[str, Any]] = checks.get("required_calls", {}).get("calls") or [
+        {"tool": s.tool, "args": s.args} for s in task.reference_plan]
+    plan_ids = [s.id for s in task.reference_plan]
+    step_of = {i: plan_ids[i] for i in range(len(required)) if i < len(plan_ids)}
+    private_param = {(i, p) for i, s in enumerate(task.reference_plan) for p in s.private}
+    plan_tools = {r["tool"] for r in required}
+    offered = set(trajectory.tools or []) or set(specs)
+    messages = trajectory.messages
+
+    calls = _calls(messages, specs, offered)
+    _align(calls, required, specs)
+
+    # What the assistant could see before each message: user text and tool results (as the verifier counts).
+    seen = _Seen()
+    seen_before: dict[int, _Seen] = {}  # per assistant message
+    for k, m in enumerate(messages):
+        if m.get("role") == "assistant":
+            seen_before[k] = seen.copy()
+        elif m.get("role") == "user":
+            seen.user_text += "\n" + (m.get("content") or "")
+        elif m.get("role") == "tool":
+            try:
+                seen.see(json.loads(m.get("content") or "null"))
+            except (TypeError, json.JSONDecodeError):
+                pass
+
+    # format_error
+    for c in calls:
+        if c.status == "malformed":
+            add("format_error", call=c.index, message=c.message, tool=c.name, detail=c.error)
+    lost = sum(int(trajectory.metadata.get("signals", {}).get(s, 0) or 0) for s in FORMAT_SIGNALS)
+    if lost:
+        add("format_error", detail=f"{lost} tool call(s) written but not readable (agent signals)")
+    # unknown_tool
+    for c in calls:
+        if c.status == "unknown":
+            add("unknown_tool", call=c.index, message=c.message, tool=c.name, detail=c.error)
+    # looping
+    groups: dict[tuple[str | None, str], list[_Call]] = {}
+    for c in calls:
+        groups.setdefault((c.name, _key(c)), []).append(c)
+    for (name, key), group in groups.items():
+        needed = sum(1 for r in required if r["tool"] == name
+                     and json.dumps(r["args"], sort_keys=True, default=str) == key)  # a plan may repeat a call
+        if (len(group) >= 2 and group[0].status != "ok") or len(group) - needed >= LOOP_REPEATS - 1:
+            add("looping", call=group[1].index, message=group[1].message, tool=name, repeats=len(group),
+                calls=[c.index for c in group], detail=group[0].error)
+    # invalid_arguments
+    for c in calls:
+        if c.status == "invalid":
+            add("invalid_arguments", call=c.index, message=c.message, tool=c.name, detail=c.error,
+                step=step_of.get(c.required) if c.required is not None else None)
+    # wrong_tool / wrong_argument / missing_step / extra calls
+    matched = {c.required for c in calls if c.role == "match"}
+    attempted = {c.required for c in calls if c.role == "attempt"}
+    never = [i for i in range(len(required)) if i not in matched and i not in attempted]
+    for c in calls:
+        if c.role != "attempt" or c.status not in ("ok", "error"):
+            continue
+        want = required[c.required]
+        defaults = _defaults(specs, want["tool"])
+        got = {**defaults, **(c.args or {})}
+        exp = {**defaults, **want["args"]}
+        params = sorted(p for p in set(got) | set(exp) if got.get(p) != exp.get(p)) or [None]
+        detail = c.error if params != [None] else f"the reference's arguments, but the call failed: {c.error}"
+        for p in params:
+            guessed = None
+            if p is not None and (c.required, p) in private_param:
+                guessed = str(exp.get(p)).lower() not in seen_before[c.message].user_text.lower()
+            add("wrong_argument", call=c.index, message=c.message, tool=c.name, step=step_of.get(c.required),
+                param=p, expected=exp.get(p) if p else want["args"], got=got.get(p) if p else c.args,
+                guessed_private=guessed, detail=detail)
+    for c in calls:
+        if c.role != "extra" or c.status not in ("ok", "error"):
+            continue
+        if c.name not in plan_tools and never:
+            add("wrong_tool", call=c.index, message=c.message, tool=c.name,
+                expected=[required[i]["tool"] for i in never], detail=c.error)
+            continue
+        writes = c.name in specs and specs[c.name].mutates
+        state_wrong = any(not component[n].passed for n in ("state_diff", "constraints") if n in component)
+        if c.status == "ok" and writes and state_wrong:
+            add("side_effect", call=c.index, message=c.message, tool=c.name, got=c.args)
+        add("extra_calls", call=c.index, message=c.message, tool=c.name, got=c.args, detail=c.error)
+    for i in never:
+        add("missing_step", step=step_of.get(i), tool=required[i]["tool"], expected=required[i]["args"])
+    # The verifier's word for an unrequested change counts only if a write other than a required one succeeded:
+    # a skipped insert renumbers the generated keys of the ones made, which reads as "unrequested changes" too.
+    stray = [c for c in calls if c.role != "match" and c.status == "ok" and (c.name not in specs or specs[c.name].mutates)]
+    for name in ("constraints", "state_diff"):
+        detail = component[name].detail if name in component and not component[name].passed else ""
+        if ("unrequested changes" in detail or "unexpected changes" in detail) and stray and "side_effect" not in ev:
+            add("side_effect", call=stray[0].index, message=stray[0].message, tool=stray[0].name, detail=detail)
+    # constraint_violation
+    for rule in task.constraints:
+        if rule.get("kind") == "forbidden_tool":
+            for c in calls:
+                if c.name == rule["tool"]:
+                    add("constraint_violation", call=c.index, message=c.message, tool=c.name,
+                        detail=f"called forbidden tool {c.name}")
+        elif rule.get("kind") == "max_calls" and len(calls) > rule["value"]:
+            add("constraint_violation", call=calls[rule["value"]].index, message=calls[rule["value"]].message,
+                detail=f"{len(calls)} calls > {rule['value']}")
+    # answers: premature (stated before seen) or wrong (source call made, value not stated)
+    answer = checks.get("answer", {})
+    expected, sources = answer.get("expected", []), answer.get("sources", [])
+    answer_failed = "answer" in component and not component["answer"].passed
+    texts = [(k, m.get("content") or "") for k, m in enumerate(messages)
+             if m.get("role") == "assistant" and not m.get("tool_calls")]
+    src_index = {sid: plan_ids.index(s["step"]) for s in sources if (sid := s["step"]) in plan_ids}
+    made_at = {c.required: c.message for c in calls if c.role == "match"}
+    tried_at: dict[int, int] = {}  # required call -> message of its first successful match or attempt
+    for c in calls:
+        if c.required is not None and c.status == "ok":
+            tried_at.setdefault(c.required, c.message)
+    pairs = list(zip(expected, sources + [{}] * (len(expected) - len(sources))))
+    for value, src in pairs:
+        first = next((k for k, t in texts if answer_found(value, t)), None)
+        if first is None:
+            continue
+        source = src_index.get(src.get("step"))
+        if not seen_before[first].knows(value):
+            add("premature_answer", message=first, expected=value, step=src.get("step"),
+                detail="stated before any message showed it")
+        elif source is not None and tried_at.get(source, len(messages)) > first and not seen_before[first].shown(value):
+            # an answer expected twice (two counts that are both 2) is premature only if stated more often
+            # than the sources of that value already made
+            said = _occurrences(value, "\n".join(t for k, t in texts if k <= first))
+            made = sum(1 for v, s in pairs if v == value and tried_at.get(src_index.get(s.get("step")),
+                                                                           len(messages)) <= first)
+            if said > made:
+                add("premature_answer", message=first, expected=value, step=src.get("step"),
+                    detail="stated before its source call was made")
+    sources_made = all(src_index.get(s["step"]) in made_at for s in sources)
+    if answer_failed:
+        invented = list(dict.fromkeys((k, n) for k, t in texts for n in _numbers(t) if not seen_before[k].knows(n)))
+        final = texts[-1] if texts else (None, "")
+        if invented and not sources_made:
+            add("premature_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
+                detail="numbers not from the conversation while an answer's source call is missing")
+        elif invented:
+            add("wrong_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
+                detail="numbers not from the conversation")
+        answer_text = "\n".join(t for _, t in texts)
+        need: Counter[str] = Counter()
+        for value, src in zip(expected, sources):  # as ``missing_answers``: a value expected twice is said twice
+            need[json.dumps(value, sort_keys=True, default=str)] += 1
+            if (src_index.get(src["step"]) in made_at
+                    and _occurrences(value, answer_text) < need[json.dumps(value, sort_keys=True, default=str)]):
+                add("wrong_answer", message=final[0], step=src["step"], expected=value, got=final[1][:200])
+        if "wrong_answer" not in ev and "premature_answer" not in ev and sources_made:
+            add("wrong_answer", message=final[0], detail=component["answer"].detail, got=final[1][:200])
+    # gave_up
+    if not calls and not lost and "premature_answer" not in ev:
+        k, text = texts[-1] if texts else (None, "")
+        add("gave_up", message=k, got=text[:200], detail="no tool call")
+    elif calls and len(matched) < len(required):
+        # a question ("Sorry, could you tell me your id?") is not giving up
+        refusal = next(((k, t) for k, t in texts if _REFUSAL.search(t) and not t.rstrip().endswith("?")), None)
+        if refusal:
+            add("gave_up", message=refusal[0], got=refusal[1][:200], detail="refused with required calls not made")
+    # ungrounded_argument: right values taken from nowhere
+    if "grounding" in component and not component["grounding"].passed:
+        for c in calls:
+            if c.role != "match":
+                continue
+            defaults = _defaults(specs, c.name)
+            for p, v in (c.args or {}).items():
+                if v != defaults.get(p, object()) and not seen_before[c.message].knows(v):
+                    add("ungrounded_argument", call=c.index, message=c.message, tool=c.name, param=p, got=v,
+                        step=step_of.get(c.required), guessed_private=(c.required, p) in private_param)
+    if not ev:
+        add("other", detail="; ".join(f"{n}: {component[n].detail}" for n in failed) or (verdict.error or ""))
+
+    out.labels = [label for label in LABELS if label in ev]
+    out.primary = out.labels[0]
+    out.evidence = {label: ev[label] for label in out.labels}
+    head = min(ev[out.primary], key=lambda e: (e.get("call", 1 << 30), e.get("message", 1 << 30)))
+    out.step, out.message = head.get("call"), head.get("message")
+    return out
+
+
+def weakness_profile(diagnoses: Iterable[Diagnosis], *, all_labels: bool = False) -> dict[str, float]:
+    """Share of failed diagnoses per label (primary labels; every applicable label with ``all_labels``),
+    ordered by share, then precedence. Passed trajectories are not counted."""
+    failed = [d for d in diagnoses if not d.passed]
+    if not failed:
+        return {}
+    counts = Counter(label for d in failed for label in (d.labels if all_labels else [d.primary]))
+    order = sorted(counts, key=lambda label: (-counts[label], LABELS.index(label)))
+    return {label: round(counts[label] / len(failed), 4) for label in order}
+
+
+def dominant_weakness(diagnoses: Iterable[Diagnosis]) -> str | None:
+    """The label a task's failed attempts share most: most frequent primary label, ties broken by how many
+    attempts show the label at all, then by precedence. None if no attempt failed."""
+    failed = [d for d in diagnoses if not d.passed]
+    if not failed:
+        return None
+    primary = Counter(d.primary for d in failed)
+    anywhere = Counter(label for d in failed for label in d.labels)
+    return min(primary, key=lambda label: (-primary[label], -anywhere[label], LABELS.index(label)))
+
+
+# --- helpers -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Seen:
+    """Scalars the assistant has been shown (mirrors ``verifiers.checks``' grounding: user text, tool results,
+    list lengths)."""
+
+    strings: set[str] = field(default_factory=set)
+    numbers: list[float] = field(default_factory=list)
+    user_text: str = ""
+
+    def copy(self) -> _Seen:
+        return _Seen(set(self.strings), list(self.numbers), self.user_text)
+
+    def see(self, value: Any) -> None:
+        if isinstance(value, dict):
+            for v in value.values():
+                self.see(v)
+        elif isinstance(value, list):
+            self.numbers.append(float(len(value)))
+            for v in value:
+                self.see(v)
+        elif isinstance(value, bool) or value is None:
+            return
+        elif isinstance(value, (int, float)):
+            self.numbers.append(float(value))
+        else:
+            self.strings.add(str(value).lower())
+
+    def knows(self, value: Any, *, user: bool = True) -> bool:
+        """Whether ``value`` was in a tool result (or, with ``user``, in the user's words)."""
+        if isinstance(value, bool) or value is None:
+            return True
+        if isinstance(value, (int, float)):
+            target = float(value)
+            close = lambda n: abs(n - target) <= 1e-6 * max(1.0, abs(target)) + 1e-9  # noqa: E731
+            return any(close(n) for n in self.numbers) or (user and any(close(n) for n in _numbers(self.user_text)))
+        if isinstance(value, (list, dict)):
+            items = value.values() if isinstance(value, dict) else value
+            return all(self.knows(v, user=user) for v in items)
+        text = str(value).lower()
+        return text in self.strings or (user and text in self.user_text.lower())
+
+    def shown(self, value: Any) -> bool:
+        """Whether ``value`` was in a tool result."""
+        return self.knows(value, user=False)
+
+
+def _numbers(text: str) -> list[float]:
+    return [float(t.replace(",", "")) for t in NUMBER.findall(text)]
+
+
+def _defaults(specs: dict[str, ToolSpec], tool: str | None) -> dict[str, Any]:
+    if tool not in specs:
+        return {}
+    return {p: s["default"] for p, s in specs[tool].record.parameters.get("properties", {}).items() if "default" in s}
+
+
+def _key(c: _Call) -> str:
+    return json.dumps(c.args, sort_keys=True, default=str) if c.args is not None else c.raw
+
+
+def _calls(messages: list[dict[str, Any]], specs: dict[str, ToolSpec], offered: set[str]) -> list[_Call]:
+    """Every tool call in order, with what became of it (from the tool schemas and the tool messages)."""
+    results: dict[str, str] = {}
+    for m in messages:
+        if m.get("role") == "tool":
+            results[str(m.get("tool_call_id"))] = m.get("content") or ""
+    out: list[_Call] = []
+    for k, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        for call in m.get("tool_calls") or []:
+            name, args, problem = parse_call(call)
+            fn = call.get("function") if isinstance(call, dict) else None
+            raw = str((fn or {}).get("arguments")) if isinstance(fn, dict) else repr(call)
+            error = _error(results.get(str(call.get("id"))) if isinstance(call, dict) else None)
+            if problem:
+                status, error = "malformed", problem
+            elif (specs and name not in specs) or (offered and name not in offered) or (
+                    error or "").startswith("Unknown tool"):
+                status = "unknown"
+                error = error or f"Unknown tool '{name}'"
+            else:
+                invalid = _schema_problem(specs[name], args) if name in specs else None
+                if invalid or (error or "").startswith(("Invalid arguments", "Arguments of")):
+                    status, error = "invalid", error or invalid
+                else:
+                    status = "error" if error else "ok"
+            out.append(_Call(len(out), k, name, args, raw, status, error))
+    return out
+
+
+def _error(content: str | None) -> str | None:
+    if content is None:
+        return None
+    try:
+        data = json.loads(content)
+    except (TypeError, json.JSONDecodeError):
+        return None
+    return str(data["error"]) if isinstance(data, dict) and set(data) == {"error"} else None
+
+
+_VALIDATORS: dict[tuple[str, str], jsonschema.Draft202012Validator] = {}
+
+
+def _schema_problem(spec: ToolSpec, args: dict[str, Any]) -> str | None:
+    key = (spec.record.domain, spec.name)
+    if key not in _VALIDATORS:
+        _VALIDATORS[key] = jsonschema.Draft202012Validator(spec.record.parameters)
+    error = jsonschema.exceptions.best_match(_VALIDATORS[key].iter_errors(args))
+    if error is None:
+        return None
+    where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+    return f"Invalid arguments for '{spec.name}': {where}: {error.message}"
+
+
+def _align(calls: list[_Call], required: list[dict[str, Any]], specs: dict[str, ToolSpec]) -> None:
+    """Mark each call as a match of a required call, an attempt at one (same tool, other values), or extra."""
+    free = list(range(len(required)))
+    for c in calls:  # exact matches first, in call order (as the verifier counts them)
+        if c.status != "ok":
+            continue
+        defaults = _defaults(specs, c.name)
+        hit = next((i for i in free if required[i]["tool"] == c.name
+                    and {**defaults, **required[i]["args"]} == {**defaults, **(c.args or {})}), None)
+        if hit is not None:
+            c.role, c.required = "match", hit
+            free.remove(hit)
+    for c in calls:
+        if c.role or c.status in ("malformed", "unknown"):
+            continue
+        same = [i for i in free if required[i]["tool"] == c.name]
+        if not same:
+            c.role = "extra"
+            continue
+        defaults = _defaults(specs, c.name)
+        got = {**defaults, **(c.args or {})}
+        # the closest required call of the tool: most equal arguments, earliest on ties
+        c.role = "attempt"
+        c.required = max(same, key=lambda i: (sum(got.get(p) == v for p, v in {**defaults, **required[i]["args"]}.items()),
+                                              -i))
+    for c in calls:
+        if not c.role:
+            c.role = "extra"
