@@ -121,6 +121,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             if getattr(args, key, None) is not None:
                 sft[key] = getattr(args, key)
         data["sft"] = sft
+    if args.no_grpo:
+        data["grpo"] = None
+    else:
+        grpo = data.setdefault("grpo", {}) or {}
+        for key, name in (("grpo_steps", "max_steps"), ("group_size", "group_size"), ("engine", "engine")):
+            if getattr(args, key, None) is not None:
+                grpo[name] = getattr(args, key)
+        data["grpo"] = grpo
     if args.eval_tasks:
         data.setdefault("evaluation", {})["tasks"] = args.eval_tasks
     config = TrainConfig(**data)
@@ -133,6 +141,39 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"train failed: {exc}", file=sys.stderr)
             return 2
     print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def cmd_bfcl(args: argparse.Namespace) -> int:
+    """BFCL accuracy per category of a local policy or an endpoint's model; needs no Prefect."""
+    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
+    from training.bfcl_eval import EndpointAgent, LocalAgent, bfcl_accuracy, format_table
+    from training.policy import PolicyError
+
+    if args.base_url and args.policy:
+        print("bfcl: give --policy or --base-url, not both", file=sys.stderr)
+        return 2
+    if args.base_url and not args.model:
+        print("bfcl: --base-url needs --model (the model name the endpoint serves)", file=sys.stderr)
+        return 2
+    categories = args.categories.split(",") if args.categories else None
+    try:
+        if args.base_url:
+            agent = EndpointAgent(base_url=args.base_url, model=args.model, max_concurrency=args.max_concurrency,
+                                  **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
+        else:
+            agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
+                                                         if args.max_new_tokens else {}))
+        kwargs = {"categories": categories} if categories else {}
+        result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
+                               log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
+    except (EndpointUnreachable, EndpointUnavailable, LLMError) as exc:
+        print(f"bfcl stopped: {exc}", file=sys.stderr)
+        return 3
+    except (PolicyError, ValueError, FileNotFoundError) as exc:
+        print(f"bfcl failed: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
 
 
@@ -265,18 +306,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
     p.set_defaults(fn=cmd_curate)
 
-    p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, evaluate again")
+    p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, GRPO, evaluate "
+                                     "after each stage")
     p.add_argument("--config", help="JSON file with TrainConfig fields")
     p.add_argument("--run-name", dest="run_name")
     p.add_argument("--max-steps", dest="max_steps", type=int, help="SFT optimizer steps")
     p.add_argument("--batch-size", dest="batch_size", type=int, help="SFT conversations per step")
     p.add_argument("--policy", help="base policy folder or hub id (default: the embedded SmolLM2-135M)")
     p.add_argument("--adapter", choices=["lora", "full"])
-    p.add_argument("--no-sft", dest="no_sft", action="store_true", help="evaluate the base policy only")
+    p.add_argument("--no-sft", dest="no_sft", action="store_true", help="skip SFT")
+    p.add_argument("--no-grpo", dest="no_grpo", action="store_true", help="skip GRPO")
+    p.add_argument("--grpo-steps", dest="grpo_steps", type=int, help="GRPO steps")
+    p.add_argument("--group-size", dest="group_size", type=int, help="GRPO rollouts per task")
+    p.add_argument("--engine", choices=["transformers", "vllm"], help="GRPO rollout engine (vllm: GPU)")
     p.add_argument("--eval-tasks", dest="eval_tasks", type=int, help="held-out tasks evaluated per stage")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.add_argument("--port", type=int, default=4200)
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("bfcl", help="BFCL accuracy per category of a policy (local) or a model (OpenAI-compatible "
+                                    "endpoint) on ../shared/benchmarks/bfcl")
+    p.add_argument("--policy", help="a policy folder (trained by synthloop, or any transformers folder); "
+                                    "default: the embedded SmolLM2-135M base policy")
+    p.add_argument("--base-url", dest="base_url", help="an OpenAI-compatible endpoint instead of a local policy, "
+                                                       "e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", help="model name at --base-url")
+    p.add_argument("--per-category", dest="per_category", type=int, default=20,
+                   help="questions per category, a seeded sample (0 = all)")
+    p.add_argument("--categories", help="comma-separated (default: simple_python,multiple,parallel,"
+                                        "parallel_multiple,irrelevance)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the sample")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
+                   help="longest reply (default: 256 for a local policy, 512 for an endpoint)")
+    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, default=4,
+                   help="requests in flight to --base-url")
+    p.add_argument("--root", help="the BFCL folder (default: ../shared/benchmarks/bfcl)")
+    p.add_argument("--json", action="store_true", help="print the whole result (per item too) as JSON")
+    p.set_defaults(fn=cmd_bfcl)
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
     p.add_argument("format", choices=["trl", "sft_v1", "rl_v1"])

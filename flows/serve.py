@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.curate import curate
+from flows.loop import LoopConfig, loop
 from flows.probes import CurateConfig
 from flows.synthesize import synthesize
 from flows.train import train
 from generators.config import SynthesizeConfig
 from training.config import TrainConfig
 
-FLOWS = {"synthesize": synthesize, "curate": curate, "train": train}
+FLOWS = {"synthesize": synthesize, "curate": curate, "train": train, "loop": loop}
 
 
 def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpus",
@@ -41,7 +42,15 @@ def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpu
         train.to_deployment(  # started from the UI (its form is TrainConfig)
             name="default",
             parameters={"config": TrainConfig().model_dump(mode="json"), "corpus_root": str(Path(corpus_root).resolve())},
-            description="Evaluate the base policy on held-out tasks, SFT it on sft_v1, evaluate the result.",
+            description="Evaluate the base policy on held-out tasks, SFT it, GRPO it, evaluate after each stage.",
+            tags=["synthloop"],
+        ),
+        loop.to_deployment(  # started from the UI (its form is LoopConfig); its corpus sits beside the main one
+            name="default",
+            parameters={"config": LoopConfig().model_dump(mode="json"),
+                        "corpus_root": str((Path(corpus_root).resolve().parent / "loop"))},
+            description="Closed loop: rounds of synthesize → curate → train → select boundary tasks and failures → "
+                        "variants.",
             tags=["synthloop"],
         ),
     ]

@@ -9,6 +9,7 @@ and runs with DuckDB. GRPO is the next stage to plug in here; it is refused by t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -24,6 +25,10 @@ from training.config import TrainConfig
 from training.evaluate import evaluate, held_out_sql
 
 STAGE = "train"
+ROOT = Path(__file__).resolve().parent.parent
+# what rolls a policy out and judges it: a change here makes earlier evaluations stale
+EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py", "verifiers/sandbox.py",
+             "generators/agents.py", *(f"envs/{p.name}" for p in (ROOT / "envs").glob("*.py")))
 
 
 def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Environment]]:
@@ -32,6 +37,21 @@ def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Envir
     wanted = {k for k in keys[:config.evaluation.tasks]}
     tasks = [Task.from_row(r) for r in corpus.read("tasks") if (r["run_id"], r["task_id"]) in wanted]
     return [(t, Environment(get_domain(t.domain), t.env_seed)) for t in sorted(tasks, key=lambda t: t.task_id)]
+
+
+def eval_key(config: TrainConfig, digest: str, jobs: list[tuple[Task, Environment]]) -> str:
+    """Identity of an evaluation: the weights, the held-out tasks, the settings and the code that rolls out and
+    judges. An evaluation with the same key in any earlier train run is reused, not recomputed."""
+    blob = json.dumps({"weights": digest, "tasks": [t.task_id for t, _ in jobs], "distractors": _distractors(config),
+                       "settings": config.evaluation.model_dump(mode="json")}, sort_keys=True)
+    code = hashlib.sha256(blob.encode())
+    for path in sorted(EVAL_CODE):
+        code.update(path.encode() + (ROOT / path).read_bytes())
+    return code.hexdigest()[:16]
+
+
+def _distractors(config: TrainConfig) -> int:
+    return config.sft.distractors if config.sft else 2
 
 
 @task(name="evaluate-policy", task_run_name="evaluate-{stage}")
@@ -47,17 +67,29 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
     from training.policy import load_policy, load_tokenizer, policy_path, weights_digest
 
     if policy_dir is None:
-        base = (config.sft.policy if config.sft else None) or str(policy_path())
+        base = (config.sft.policy if config.sft else config.grpo.policy if config.grpo else None) or str(policy_path())
         model, tokenizer = AutoModelForCausalLM.from_pretrained(base), load_tokenizer(base)
         label = Path(base).name
     else:
         model, tokenizer, manifest = load_policy(policy_dir)  # refuses weights that are not the trained ones
         label = f"{Path(manifest['base']).name}+{stage}"
     ev = config.evaluation
-    result = evaluate(model, tokenizer, held_out_jobs(corpus, config), k=ev.k, max_turns=ev.max_turns,
-                      max_new_tokens=ev.max_new_tokens, label=label)
-    row = {"train_run_id": run_id, "train_stage": stage, "policy": label, "weights_digest": weights_digest(model),
-           "measured_at": time.time(), **result.summary(), "schema_version": SCHEMA_VERSION}
+    jobs = held_out_jobs(corpus, config)
+    digest = weights_digest(model)
+    key = eval_key(config, digest, jobs)
+    found = corpus.connect().execute("SELECT * EXCLUDE (run, stage) FROM policy_evals WHERE eval_key = ? "
+                                     "AND reused_from IS NULL ORDER BY measured_at LIMIT 1", [key])
+    earlier = [dict(zip([d[0] for d in found.description], r)) for r in found.fetchall()]
+    if earlier:  # same weights, tasks, settings and code: the figures are these; the conversations stay there
+        row = {**earlier[0], "train_run_id": run_id, "train_stage": stage, "policy": label,
+               "reused_from": earlier[0]["train_run_id"]}
+        corpus.write_batch(run_id, "eval", batch, {"policy_evals": [row]}, row)
+        return row
+    result = evaluate(model, tokenizer, jobs, k=ev.k, max_turns=ev.max_turns, max_new_tokens=ev.max_new_tokens,
+                      label=label, distractors=_distractors(config))
+    row = {"train_run_id": run_id, "train_stage": stage, "policy": label, "weights_digest": digest,
+           "measured_at": time.time(), **result.summary(), "eval_key": key, "reused_from": None,
+           "schema_version": SCHEMA_VERSION}
     trajectories, verdicts = [], []
     for traj, verdict in result.conversations:
         tid = f"{traj.trajectory_id}@{run_id}/{stage}"
@@ -71,17 +103,58 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
 
 @task(name="sft")
 def sft_stage(config: TrainConfig, run_id: str, corpus_root: str) -> str:
-    """SFT on the split; resumes from the last checkpoint; a finished policy folder is kept as it is."""
-    from training.sft import run_sft
+    """SFT on the split, in a folder named by its own key (settings, data, code): a train run that differs only
+    in later stages reuses it; an interrupted one resumes from its last checkpoint."""
+    from training.sft import run_sft, sft_key, training_rows
 
     corpus = Corpus(corpus_root)
-    out = corpus.root / "_runs" / run_id / "sft"
+    out = corpus.root / "_runs" / "_sft" / sft_key(config.sft, training_rows(corpus, config.sft))
     if not (out / "policy" / "synthloop_policy.json").exists():
         run_sft(corpus, config.sft, out)
     return str(out / "policy")
 
 
-def _markdown(run_id: str, rows: list[dict[str, Any]], sft: dict[str, Any] | None) -> str:
+@task(name="grpo")
+def grpo_stage(config: TrainConfig, run_id: str, start: str | None, corpus_root: str) -> str:
+    """GRPO from ``start`` (the SFT policy, or the base); every step's metrics are a row of ``grpo_steps`` and
+    its rollouts are trajectories (role ``grpo``) with their verdicts; resumes from the last checkpoint."""
+    from training.grpo import run_grpo
+
+    corpus = Corpus(corpus_root)
+    out = corpus.root / "_runs" / run_id / "grpo"
+
+    def record(metrics: dict[str, Any], groups: list) -> None:
+        trajectories, verdicts = [], []
+        for group in groups:
+            for r in group:
+                tid = f"{r.trajectory.trajectory_id}@{run_id}"
+                r.trajectory.trajectory_id = tid
+                trajectories.append(r.trajectory.to_row())
+                verdicts.append({**r.verdict.to_row(), "trajectory_id": tid, "verdict_id": f"{tid}/v",
+                                 "control": "grpo"})
+        row = grpo_step_row(run_id, metrics, groups)
+        corpus.write_batch(run_id, "grpo", metrics["step"], {"grpo_steps": [row], "trajectories": trajectories,
+                                                             "verdicts": verdicts}, row)
+
+    if not (out / "policy" / "synthloop_policy.json").exists():
+        run_grpo(corpus, config.grpo, out, start=start, on_step=record)
+    return str(out / "policy")
+
+
+def grpo_step_row(run_id: str, metrics: dict[str, Any], groups: list) -> dict[str, Any]:
+    """One row of ``grpo_steps``: the step's figures, per-task rewards as JSON (the loop reads p̂ from them)."""
+    per_task = [{"run_id": g[0].task.run_id, "task_id": g[0].task.task_id, "rewards": [r.reward for r in g],
+                 "passed": [r.verdict.passed for r in g]} for g in groups]
+    return {"train_run_id": run_id, "step": metrics["step"], "per_task": per_task,
+            **{k: metrics[k] for k in ("reward_mean", "groups", "groups_dropped", "passed", "malformed", "calls",
+                                       "render_drift", "loss", "loss_tokens", "updated", "rollout_seconds",
+                                       "train_seconds")},
+            "reward_std_mean": round(sum(metrics["reward_std_per_group"]) / len(metrics["reward_std_per_group"]), 4),
+            "measured_at": time.time(), "schema_version": SCHEMA_VERSION}
+
+
+def _markdown(run_id: str, rows: list[dict[str, Any]], sft: dict[str, Any] | None,
+              grpo: dict[str, Any] | None = None) -> str:
     lines = [f"# train run `{run_id}`", "", "| stage | policy | pass@1 | pass^k | valid-call rate | calls | malformed | "
              "calls / success | s / task |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['train_stage']} | {r['policy']} | {r['pass_at_1']} | {r['pass_all_k']} | {r['valid_call_rate']} | "
@@ -89,6 +162,11 @@ def _markdown(run_id: str, rows: list[dict[str, Any]], sft: dict[str, Any] | Non
     if sft:
         lines += ["", f"SFT: {sft['steps']} steps on {sft['rows']} conversations ({sft['adapter']}), loss "
                       f"{sft['losses'][:1]} → {sft['losses'][-1:]}, {sft['seconds']} s."]
+    if grpo:
+        lines += ["", f"GRPO: {grpo['steps']} steps on `{grpo['split']}` ({grpo['pool']} tasks), groups "
+                      f"{grpo['groups']} of which {grpo['groups_dropped']} dropped (all rewards tied); mean reward per "
+                      f"step {grpo['reward_trend']}; mean within-group reward std {grpo['mean_group_reward_std']}; "
+                      f"{grpo['seconds']} s."]
     return "\n".join(lines)
 
 
@@ -107,15 +185,24 @@ def train(config: TrainConfig = TrainConfig(), corpus_root: str = "data/corpus")
                                    "status": "running"})
     rows = [evaluate_policy(config, run_id, "base", None, str(corpus.root))]
     logger.info("base: %s", rows[-1])
-    sft = None
+    sft = policy_dir = grpo_dir = None
     if config.sft:
         policy_dir = sft_stage(config, run_id, str(corpus.root))
         sft = json.loads((Path(policy_dir) / "synthloop_policy.json").read_text())
         rows.append(evaluate_policy(config, run_id, "sft", policy_dir, str(corpus.root)))
         logger.info("sft: %s", rows[-1])
-    summary = {"run_id": run_id, "evals": rows, "sft": sft}
+    grpo = None
+    if config.grpo:
+        start = policy_dir if config.sft else config.grpo.policy
+        grpo_dir = grpo_stage(config, run_id, start, str(corpus.root))
+        grpo = json.loads((Path(grpo_dir) / "synthloop_policy.json").read_text())
+        grpo.pop("history", None)
+        rows.append(evaluate_policy(config, run_id, "grpo", grpo_dir, str(corpus.root)))
+        logger.info("grpo: %s", rows[-1])
+    summary = {"run_id": run_id, "evals": rows, "sft": sft, "grpo": grpo,
+               "policy_dir": grpo_dir if grpo else (policy_dir if sft else None)}
     corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
     corpus.write_catalog()
-    create_markdown_artifact(_markdown(run_id, rows, sft), key=f"train-summary-{run_id}".lower(),
+    create_markdown_artifact(_markdown(run_id, rows, sft, grpo), key=f"train-summary-{run_id}".lower(),
                              description="Base vs trained policy on held-out tasks")
     return summary

@@ -599,6 +599,8 @@ POLICY_EVALS = Table(
             "malformed_calls": _INT,
             "calls_per_success": _NNUM,
             "seconds_per_task": _NUM,
+            "eval_key": _STR,
+            "reused_from": _NSTR,
             "schema_version": _INT,
         }
     ),
@@ -618,11 +620,196 @@ POLICY_EVALS = Table(
             ("malformed_calls", pa.int32()),
             ("calls_per_success", pa.float64()),
             ("seconds_per_task", pa.float64()),
+            ("eval_key", pa.string()),
+            ("reused_from", pa.string()),
         ]
     ),
 )
 
+# --- external benchmark: one row per (BFCL evaluation of a policy, category) ----------------------------------------
+BFCL_EVALS = Table(
+    "bfcl_evals",
+    _obj(
+        {
+            "eval_id": _STR,  # bfcl-<digest of the policy version and the questions asked>
+            "train_run_id": _NSTR,  # null for an evaluation outside a train run (synthloop bfcl)
+            "train_stage": _NSTR,  # base / sft / grpo
+            "policy": _STR,
+            "policy_kind": {"enum": ["local", "endpoint"]},
+            "policy_version": _STR,  # a local policy's weights digest, an endpoint's model name
+            "benchmark": _STR,  # the BFCL files' version, e.g. BFCL_v4
+            "category": _STR,
+            "seed": _INT,
+            "per_category": _NINT,  # the sample size asked for; null = every question
+            "items": _INT,
+            "correct": _INT,
+            "accuracy": _NUM,
+            "malformed": _INT,
+            "seconds_per_item": _NUM,
+            "measured_at": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("eval_id", pa.string()),
+            ("train_run_id", pa.string()),
+            ("train_stage", pa.string()),
+            ("policy", pa.string()),
+            ("policy_kind", pa.string()),
+            ("policy_version", pa.string()),
+            ("benchmark", pa.string()),
+            ("category", pa.string()),
+            ("seed", pa.int64()),
+            ("per_category", pa.int32()),
+            ("items", pa.int32()),
+            ("correct", pa.int32()),
+            ("accuracy", pa.float64()),
+            ("malformed", pa.int32()),
+            ("seconds_per_item", pa.float64()),
+            ("measured_at", pa.float64()),
+        ]
+    ),
+)
+
+
+# --- training: one row per GRPO step (rewards per task as JSON: the closed loop reads p̂ from them) ---------------
+GRPO_STEPS = Table(
+    "grpo_steps",
+    _obj(
+        {
+            "train_run_id": _STR,
+            "step": _INT,
+            "per_task": {},  # [{run_id, task_id, rewards: [...], passed: [...]}]
+            "reward_mean": _NUM,
+            "reward_std_mean": _NUM,
+            "groups": _INT,
+            "groups_dropped": _INT,
+            "passed": _INT,
+            "malformed": _INT,
+            "calls": _INT,
+            "render_drift": _NUM,
+            "loss": _NNUM,
+            "loss_tokens": _INT,
+            "updated": _BOOL,
+            "rollout_seconds": _NUM,
+            "train_seconds": _NUM,
+            "measured_at": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("train_run_id", pa.string()),
+            ("step", pa.int32()),
+            ("per_task", pa.string()),
+            ("reward_mean", pa.float64()),
+            ("reward_std_mean", pa.float64()),
+            ("groups", pa.int32()),
+            ("groups_dropped", pa.int32()),
+            ("passed", pa.int32()),
+            ("malformed", pa.int32()),
+            ("calls", pa.int32()),
+            ("render_drift", pa.float64()),
+            ("loss", pa.float64()),
+            ("loss_tokens", pa.int64()),
+            ("updated", pa.bool_()),
+            ("rollout_seconds", pa.float64()),
+            ("train_seconds", pa.float64()),
+            ("measured_at", pa.float64()),
+        ]
+    ),
+    json_fields=("per_task",),
+)
+
+# --- closed loop: the replay buffer (one row per task and round) and one row of figures per round ----------------
+REPLAY_BUFFER = Table(
+    "replay_buffer",
+    _obj(
+        {
+            "loop_run_id": _STR,
+            "round": _INT,
+            "run_id": _STR,
+            "task_id": _STR,
+            "attempts": _INT,
+            "p_hat": _NUM,
+            "reward_mean": _NUM,
+            "reward_var": _NUM,
+            "status": {"enum": ["active", "retired", "parent"]},
+            "weakness": _NSTR,
+            "labels": {},  # {diagnosis label: count} over the failed attempts
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("loop_run_id", pa.string()),
+            ("round", pa.int32()),
+            ("run_id", pa.string()),
+            ("task_id", pa.string()),
+            ("attempts", pa.int32()),
+            ("p_hat", pa.float64()),
+            ("reward_mean", pa.float64()),
+            ("reward_var", pa.float64()),
+            ("status", pa.string()),
+            ("weakness", pa.string()),
+            ("labels", pa.string()),
+        ]
+    ),
+    json_fields=("labels",),
+)
+
+LOOP_ROUNDS = Table(
+    "loop_rounds",
+    _obj(
+        {
+            "loop_run_id": _STR,
+            "round": _INT,
+            "synthesize_run_id": _STR,
+            "curate_run_id": _STR,
+            "train_run_id": _STR,
+            "policy_dir": _STR,
+            "tasks": _INT,
+            "accepted": _INT,
+            "variants_of": _INT,  # parents whose variants this round's synthesize run made
+            "evals": {},  # [{train_stage, pass_at_1, valid_call_rate, ...}]
+            "grpo_reward_trend": {},
+            "grpo_groups_dropped": _NNUM,
+            "buffer_active": _INT,
+            "buffer_retired": _INT,
+            "parents": _INT,  # parents selected for the next round
+            "weakness_profile": {},
+            "seconds": _NUM,
+            "measured_at": _NUM,
+            "schema_version": _INT,
+        }
+    ),
+    _schema(
+        [
+            ("loop_run_id", pa.string()),
+            ("round", pa.int32()),
+            ("synthesize_run_id", pa.string()),
+            ("curate_run_id", pa.string()),
+            ("train_run_id", pa.string()),
+            ("policy_dir", pa.string()),
+            ("tasks", pa.int32()),
+            ("accepted", pa.int32()),
+            ("variants_of", pa.int32()),
+            ("evals", pa.string()),
+            ("grpo_reward_trend", pa.string()),
+            ("grpo_groups_dropped", pa.float64()),
+            ("buffer_active", pa.int32()),
+            ("buffer_retired", pa.int32()),
+            ("parents", pa.int32()),
+            ("weakness_profile", pa.string()),
+            ("seconds", pa.float64()),
+            ("measured_at", pa.float64()),
+        ]
+    ),
+    json_fields=("evals", "grpo_reward_trend", "weakness_profile"),
+)
+
 TABLES: dict[str, Table] = {
     t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE,
-                        NECESSITY, DIFFICULTY, DEDUP, POLICY_EVALS)
+                        NECESSITY, DIFFICULTY, DEDUP, POLICY_EVALS, BFCL_EVALS, GRPO_STEPS, REPLAY_BUFFER, LOOP_ROUNDS)
 }

@@ -202,16 +202,21 @@ def create_views(con: duckdb.DuckDBPyConnection, shards: dict[str, list[Path]]) 
     convenience views, and, once a synthesize run exists, the curation views and the splits."""
     for table, files in shards.items():
         listed = ", ".join("'" + f.as_posix().replace("'", "''") + "'" for f in files)
-        con.execute(
-            f"CREATE OR REPLACE VIEW {table} AS SELECT * FROM "
-            f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
-        )
+        source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
+        # shards written before a column was added lack it: the view shows it as NULL (schema evolution)
+        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+        schema = TABLES[table].arrow_schema if table in TABLES else None
+        missing = [f for f in schema if f.name not in present] if schema is not None else []
+        types = con.from_arrow(pa.schema(missing).empty_table()).types if missing else []
+        extra = "".join(f', NULL::{t} AS "{f.name}"' for f, t in zip(missing, types))
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *{extra} FROM {source}")
     for name, sql in _DERIVED.items():
         needed = {"tasks"} | ({"trajectories"} if "trajectories" in sql else set()) | ({"verdicts"} if "verdicts" in sql else set())
         if needed <= set(shards):
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
     if {"tasks", "trajectories", "verdicts"} <= set(shards):
-        for table in ("necessity", "difficulty", "dedup"):
+        for table in ("necessity", "difficulty", "dedup", "policy_evals", "bfcl_evals", "grpo_steps", "replay_buffer",
+                      "loop_rounds"):
             if table not in shards:
                 _empty_view(con, table)
         for name, sql in {**CURATION_VIEWS, **selection_views()}.items():

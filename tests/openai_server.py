@@ -7,7 +7,11 @@ injected faults, a scripted stand-in for a model.
 Answers: a request with a JSON schema gets the smallest JSON that fits the schemas synthloop's agents send
 (assistant turn, user turn, rewritten request); anything else gets "ok" (with ``--echo``: the last user message). ``POST /control`` with
 ``{"plan": [...]}`` queues the outcomes of the next requests ("429", "500", "400", "timeout", "malformed",
-"ok", or ``{"content": "..."}``); ``GET /stats`` counts what was answered.
+"ok", or ``{"content": "...", "tool_calls": [...]}``); ``GET /stats`` counts what was answered.
+
+With ``--bfcl ROOT`` it is a perfect BFCL model: a request whose user turn and tools are a BFCL question's
+(tool names as sent, BFCL's dots possibly replaced by ``_``) is answered with that question's ground-truth
+calls as native ``tool_calls`` (no call for an irrelevance question); anything else as above.
 """
 
 from __future__ import annotations
@@ -45,8 +49,44 @@ def _content(body: dict, echo: bool = False) -> str:
     return json.dumps({})
 
 
-def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: float, echo: bool = False) -> web.Application:
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _bfcl_answers(root: str) -> dict[tuple[str, frozenset[str]], list[dict]]:
+    """(question text, offered names with BFCL's dots as ``_``) -> the ground-truth calls, BFCL names."""
+    from storage.external import bfcl_file
+    from verifiers.bfcl import _read_jsonl, ground_truth_calls
+
+    index: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    for category in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"):
+        truths = {} if category == "irrelevance" else {
+            a["id"]: a["ground_truth"] for a in _read_jsonl(bfcl_file(root, category, answers=True))}
+        for q in _read_jsonl(bfcl_file(root, category)):
+            key = (json.dumps(q["question"][0], sort_keys=True),
+                   frozenset(_UNSAFE_NAME.sub("_", f["name"]) for f in q["function"]))
+            truth = truths.get(q["id"])
+            index.setdefault(key, ground_truth_calls(truth, q["function"]) if truth else [])
+    return index
+
+
+def _bfcl_reply(body: dict, index: dict) -> dict | None:
+    """The ground-truth tool calls for a BFCL question, named as the request named its tools."""
+    questions = [{k: m[k] for k in ("role", "content")} for m in body.get("messages", [])]
+    sent = [t["function"]["name"] for t in body.get("tools") or []]
+    calls = index.get((json.dumps(questions, sort_keys=True), frozenset(_UNSAFE_NAME.sub("_", n) for n in sent)))
+    if calls is None:
+        return None
+    as_sent = {_UNSAFE_NAME.sub("_", n): n for n in sent}
+    return {"content": "", "tool_calls": [
+        {"id": f"call_{i}", "type": "function",
+         "function": {"name": as_sent[_UNSAFE_NAME.sub("_", c["name"])], "arguments": json.dumps(c["arguments"])}}
+        for i, c in enumerate(calls)]}
+
+
+def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: float, echo: bool = False,
+             bfcl: str | None = None) -> web.Application:
     rng = random.Random(seed)
+    bfcl_index = _bfcl_answers(bfcl) if bfcl else None
     stats: Counter = Counter()
     plan: list = []
 
@@ -75,12 +115,18 @@ def make_app(*, latency: float, rates: dict[str, float], seed: int, hang_s: floa
             return web.json_response({"error": {"message": "too late"}}, status=504)
         if kind == "malformed":
             return web.Response(text='{"choices": [{"message": ', content_type="application/json")
-        content = outcome["content"] if isinstance(outcome, dict) else _content(body, echo)
+        answer = outcome if isinstance(outcome, dict) else (
+            bfcl_index is not None and _bfcl_reply(body, bfcl_index)) or {"content": _content(body, echo)}
+        message = {"role": "assistant", "content": answer.get("content", "")}
+        if answer.get("tool_calls"):
+            message["tool_calls"] = answer["tool_calls"]
+            stats["tool_calls"] += 1
         stats["answered"] += 1
         return web.json_response({
             "id": f"chatcmpl-{stats['requests']}", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "test"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": message,
+                         "finish_reason": "tool_calls" if answer.get("tool_calls") else "stop"}],
             "usage": {"prompt_tokens": 10 * len(body.get("messages", [])), "completion_tokens": 7,
                       "total_tokens": 10 * len(body.get("messages", [])) + 7},
         })
@@ -139,9 +185,11 @@ def main() -> None:
     p.add_argument("--hang", type=float, default=30.0, help="how long a 'timeout' request hangs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--echo", action="store_true", help="answer plain (schema-less) chats with the last user message")
+    p.add_argument("--bfcl", metavar="ROOT", help="answer BFCL questions (from this folder) with their ground truth")
     a = p.parse_args()
     rates = {"429": a.rate_429, "500": a.rate_500, "timeout": a.rate_timeout, "malformed": a.rate_malformed}
-    web.run_app(make_app(latency=a.latency, rates=rates, seed=a.seed, hang_s=a.hang, echo=a.echo), host="127.0.0.1",
+    web.run_app(make_app(latency=a.latency, rates=rates, seed=a.seed, hang_s=a.hang, echo=a.echo, bfcl=a.bfcl),
+                host="127.0.0.1",
                 port=a.port, access_log=None, print=None, backlog=4096)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, model_validator
 
+from training.grpo import GRPOSettings
 from training.sft import SFTSettings
 
 
@@ -18,7 +19,7 @@ class EvalSettings(BaseModel):
 
     tasks: int = Field(20, ge=1, description="Held-out tasks evaluated (the first ones of the stratified held-out set).")
     k: int = Field(1, ge=1, le=16, description="Attempts per task (pass^k needs k > 1; sampled at temperature 0.7).")
-    max_turns: int = Field(6, ge=1, le=40)
+    max_turns: int = Field(8, ge=1, le=40, description="Assistant turns before the episode is cut.")
     max_new_tokens: int = Field(160, ge=16, le=2048)
 
 
@@ -27,13 +28,14 @@ class TrainConfig(BaseModel):
 
     run_name: str = Field("train", pattern=r"^[A-Za-z0-9_\-]+$")
     sft: SFTSettings | None = Field(default_factory=SFTSettings, description="SFT stage settings; null = skip SFT.")
-    grpo: bool = Field(False, description="GRPO after SFT (not built yet: must stay false).")
+    grpo: GRPOSettings | None = Field(default_factory=GRPOSettings, description="GRPO stage settings (after SFT "
+                                                                                "when both run); null = skip GRPO.")
     evaluation: EvalSettings = Field(default_factory=EvalSettings)
 
     @model_validator(mode="after")
     def _stages(self) -> TrainConfig:
-        if self.grpo:
-            raise ValueError("grpo: the GRPO stage is not built yet; run SFT and evaluation (grpo=false)")
+        if self.sft and self.grpo and self.grpo.held_out_share != self.sft.held_out_share:
+            raise ValueError("grpo.held_out_share must equal sft.held_out_share: the held-out tasks are shared")
         return self
 
     def run_id(self) -> str:

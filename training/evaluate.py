@@ -19,11 +19,11 @@ from typing import Any
 from envs import Environment
 from generators.agents import ScriptedUser, run_episode
 from schemas import Message, Task, Trajectory, Verdict
-from training.policy import parse_assistant, render
+from training.policy import bf16_available, parse_assistant, render
 from verifiers.checks import verify
 
 
-def offered_tools(task: Task, env: Environment, distractors: int = 3) -> list[str]:
+def offered_tools(task: Task, env: Environment, distractors: int = 2) -> list[str]:
     """The task's tools plus ``distractors`` other tools of its domain (seeded by the task id)."""
     own = sorted({s.tool for s in task.reference_plan})
     others = sorted(set(env.specs) - set(own))
@@ -54,6 +54,7 @@ class LocalPolicy:
     max_new_tokens: int = 160
     temperature: float = 0.0
     name: str = "local-policy"
+    bf16: bool = field(default_factory=bf16_available)
     signals: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -65,9 +66,9 @@ class LocalPolicy:
 
         turn = sum(1 for m in messages if m["role"] == "assistant")
         prompt = render(self.tokenizer, messages, self.tools, add_generation_prompt=True)
-        ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+        ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.lm.device)
         sample = self.temperature > 0
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(self.lm.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             out = self.lm.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=sample,
                                    temperature=self.temperature if sample else None, top_p=None, top_k=None,
                                    eos_token_id=self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
@@ -100,7 +101,8 @@ class EvalResult:
 
 
 def evaluate(model: Any, tokenizer: Any, jobs: list[tuple[Task, Environment]], *, k: int = 1, max_turns: int = 6,
-             temperature: float = 0.0, max_new_tokens: int = 160, label: str = "policy") -> EvalResult:
+             temperature: float = 0.0, max_new_tokens: int = 160, label: str = "policy",
+             distractors: int = 2) -> EvalResult:
     """Roll the policy out ``k`` times per task and judge every conversation with the task's verifier."""
     start = time.perf_counter()
     per_task = []
@@ -108,7 +110,7 @@ def evaluate(model: Any, tokenizer: Any, jobs: list[tuple[Task, Environment]], *
     calls = valid = malformed = 0
     success_calls = []
     for task, env in jobs:
-        tools = [env.specs[n].record.openai() for n in offered_tools(task, env)]
+        tools = [env.specs[n].record.openai() for n in offered_tools(task, env, distractors)]
         passed = []
         for j in range(k):
             policy = LocalPolicy(model, tokenizer, tools, label=label, max_new_tokens=max_new_tokens,

@@ -110,6 +110,16 @@ def policy_path(root: Path | None = None) -> Path:
     return target
 
 
+def bf16_available() -> bool:
+    """bf16 is fast here: a CUDA device with bf16, or a CPU with AVX512-BF16 (autocast halves an SFT step)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return bool(probe and probe())
+
+
 def load_tokenizer(path: str | Path):
     """The policy's tokenizer with :data:`CHAT_TEMPLATE` (whatever template the folder shipped)."""
     from transformers import AutoTokenizer

@@ -20,7 +20,7 @@ from envs import Environment, get_domain
 from schemas import Task
 from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
-from training.policy import load_tokenizer, policy_path, weights_digest
+from training.policy import bf16_available, load_tokenizer, policy_path, render, weights_digest
 
 
 class SFTSettings(BaseModel):
@@ -28,14 +28,18 @@ class SFTSettings(BaseModel):
 
     policy: str | None = Field(None, description="Base policy: a transformers folder or hub id; empty = the embedded SmolLM2-135M.")
     split: str = Field("sft_v1", description="The named split to train on.")
-    adapter: Literal["lora", "full"] = Field("lora", description="LoRA adapter (fast, small) or full fine-tuning.")
+    adapter: Literal["lora", "full"] = Field("full", description="Full fine-tuning or a LoRA adapter (smaller, "
+                                                                 "slower to learn on a 135M model).")
     lora_r: int = Field(16, ge=1, le=256)
-    max_steps: int = Field(40, ge=1, description="Optimizer steps (40 × 2 conversations: ~17 min on 2 CPU cores).")
+    max_steps: int = Field(50, ge=1, description="Optimizer steps (50 × 2 conversations: ~20 min on 2 idle CPU cores).")
     batch_size: int = Field(2, ge=1)
-    learning_rate: float = Field(3e-4, gt=0)
-    max_length: int = Field(1536, ge=128, description="Tokens per conversation (longer ones are truncated).")
+    learning_rate: float = Field(1e-4, gt=0)
+    max_length: int = Field(2048, ge=128, description="Tokens per conversation; longer ones are left out and "
+                                                      "counted (a truncated one would never show how to finish).")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 where the device has it "
+                                                                         "(CUDA, or a CPU with AVX512-BF16).")
     held_out_share: float = Field(0.1, gt=0, lt=1, description="Share of accepted tasks kept out for evaluation.")
-    distractors: int = Field(3, ge=0, description="Other tools of the domain offered next to the task's own.")
+    distractors: int = Field(2, ge=0, description="Other tools of the domain offered next to the task's own.")
     save_steps: int | None = Field(None, ge=1, description="Checkpoint every this many steps (default: a quarter of the run).")
     seed: int = 0
 
@@ -62,8 +66,25 @@ def training_rows(corpus: Corpus, settings: SFTSettings) -> list[dict[str, Any]]
     return out
 
 
+def fitting_rows(rows: list[dict[str, Any]], tokenizer, max_length: int) -> tuple[list[dict[str, Any]], int]:
+    """The rows whose whole rendered conversation fits ``max_length`` tokens, and how many did not."""
+    fit = [r for r in rows if len(tokenizer(render(tokenizer, r["messages"], json.loads(r["tools"])),
+                                            add_special_tokens=False)["input_ids"]) <= max_length]
+    return fit, len(rows) - len(fit)
+
+
+def sft_key(settings: SFTSettings, rows: list[dict[str, Any]]) -> str:
+    """Identity of an SFT result: settings, training data and the code that renders and trains. Two train runs
+    that differ only in later stages share one SFT (``_runs/_sft/<key>``)."""
+    digest = hashlib.sha256(json.dumps([settings.model_dump(mode="json"), rows], sort_keys=True).encode())
+    for name in ("sft.py", "policy.py", "evaluate.py"):
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[str, Any]:
     """Train and save the policy (adapter or full weights) with a manifest naming base, data and steps."""
+    import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig, SFTTrainer
@@ -75,6 +96,9 @@ def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[
     if not rows:
         raise ValueError(f"split {settings.split} has no training rows in {corpus.root}; run synthesize and curate")
     tokenizer = load_tokenizer(base)
+    rows, too_long = fitting_rows(rows, tokenizer, settings.max_length)
+    if not rows:
+        raise ValueError(f"no conversation of split {settings.split} fits max_length={settings.max_length}")
     model = AutoModelForCausalLM.from_pretrained(base)
     peft_config = None
     if settings.adapter == "lora":
@@ -87,8 +111,8 @@ def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[
                        assistant_only_loss=True, max_length=settings.max_length,
                        logging_steps=max(1, min(5, settings.max_steps // 4)), report_to=[],
                        save_strategy="steps", save_steps=settings.save_steps or max(settings.max_steps // 4, 1),
-                       save_total_limit=2,
-                       seed=settings.seed, use_cpu=True, lr_scheduler_type="cosine", warmup_steps=5)
+                       save_total_limit=2, bf16=_bf16(settings), gradient_checkpointing=False,
+                       seed=settings.seed, use_cpu=not torch.cuda.is_available(), lr_scheduler_type="cosine", warmup_steps=5)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                          peft_config=peft_config)
     checkpoints = sorted((out_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
@@ -98,10 +122,14 @@ def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     manifest = {"stage": "sft", "base": base, "adapter": settings.adapter, "split": settings.split,
-                "rows": len(rows), "data_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16],
+                "rows": len(rows), "too_long": too_long, "data_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16],
                 "steps": result.global_step, "train_loss": round(result.training_loss, 4),
                 "weights_digest": weights_digest(trainer.model),
                 "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h],
                 "settings": settings.model_dump(), "seconds": round(time.perf_counter() - start, 1)}
     (final / "synthloop_policy.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def _bf16(settings: SFTSettings) -> bool:
+    return settings.precision == "bf16" or (settings.precision == "auto" and bf16_available())

@@ -51,11 +51,11 @@ def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
     try:
         def deployments():
             r = httpx.post(f"{api}/deployments/filter", json={"deployments": {"name": {"any_": ["default"]}}})
-            return r.json() if r.status_code == 200 and len(r.json()) == 3 else None
+            return r.json() if r.status_code == 200 and len(r.json()) == 4 else None
 
         by_flow = {httpx.get(f"{api}/flows/{d['flow_id']}").json()["name"]: d
                    for d in wait_for(deployments, 120, "the deployments to be registered")}
-        assert set(by_flow) == {"synthesize", "curate", "train"}
+        assert set(by_flow) == {"synthesize", "curate", "train", "loop"}
         found = by_flow["synthesize"]
         assert found["schedules"] and found["schedules"][0]["schedule"]["cron"] == "0 3 * * *"
         flow = httpx.get(f"{api}/flows/{found['flow_id']}").json()

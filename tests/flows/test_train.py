@@ -1,5 +1,5 @@
-"""The train flow on a real Prefect server: base evaluation, SFT, evaluation of the trained policy, each a
-resumable stage whose figures are rows of `policy_evals`."""
+"""The train flow on a real Prefect server: base evaluation, SFT, evaluation, GRPO, evaluation, each a
+resumable stage whose figures are rows of `policy_evals` (and `grpo_steps` per GRPO step)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def trained(prefect_server, tmp_path_factory):
     corpus.write_batch(synth.run_id, "synthesize", 0, result.tables, result.summary)
     corpus.write_manifest(synth.run_id, {"stage": "synthesize", "status": "complete"})
     config = TrainConfig(sft={"max_steps": 2, "batch_size": 1, "max_length": 768, "held_out_share": 0.2},
+                         grpo={"max_steps": 2, "group_size": 2, "tasks_per_step": 1, "max_turns": 2,
+                               "max_new_tokens": 32, "held_out_share": 0.2, "save_steps": 1},
                          evaluation={"tasks": 2, "max_turns": 2, "max_new_tokens": 48})
     first = train(config=config, corpus_root=str(corpus.root))
     again = train(config=config, corpus_root=str(corpus.root))
@@ -35,21 +37,25 @@ def test_each_stage_is_a_row_a_user_can_query(trained):
     con = corpus.connect()
     rows = con.execute("SELECT train_stage, tasks, attempts, pass_at_1 BETWEEN 0 AND 1, weights_digest FROM policy_evals "
                        "WHERE train_run_id = ? ORDER BY measured_at", [config.run_id()]).fetchall()
-    assert [r[:4] for r in rows] == [("base", 2, 2, True), ("sft", 2, 2, True)]
+    assert [r[:4] for r in rows] == [("base", 2, 2, True), ("sft", 2, 2, True), ("grpo", 2, 2, True)]
     assert rows[0][4] != rows[1][4]  # the trained policy is evaluated with its own weights, not the base's
     assert first["sft"]["steps"] == 2 and first["sft"]["weights_digest"] == rows[1][4]
-    assert con.execute("SELECT count(*) FROM trajectories WHERE role = 'eval'").fetchone()[0] == 4
-    assert con.execute("SELECT count(*) FROM verdicts WHERE control = 'eval'").fetchone()[0] == 4
+    assert first["grpo"]["weights_digest"] == rows[2][4] and first["policy_dir"].endswith("grpo/policy")
+    assert con.execute("SELECT count(*) FROM trajectories WHERE role = 'eval'").fetchone()[0] == 6
+    assert con.execute("SELECT count(*) FROM verdicts WHERE control = 'eval'").fetchone()[0] == 6
+    steps = con.execute("SELECT step, groups, len(per_task->'$[0].rewards') FROM grpo_steps ORDER BY step").fetchall()
+    assert steps == [(1, 1, 2), (2, 1, 2)]
+    assert con.execute("SELECT count(*) FROM trajectories WHERE role = 'grpo'").fetchone()[0] == 4
 
 
 def test_a_rerun_resumes_every_stage(trained):
     corpus, config, first, again = trained
-    assert again["evals"] == first["evals"] and again["sft"] == first["sft"]
-    assert Corpus(corpus.root).connect().execute("SELECT count(*) FROM policy_evals").fetchone()[0] == 2
+    assert again["evals"] == first["evals"] and again["sft"] == first["sft"] and again["grpo"] == first["grpo"]
+    assert Corpus(corpus.root).connect().execute("SELECT count(*) FROM policy_evals").fetchone()[0] == 3
 
 
-def test_grpo_is_refused_until_it_exists():
+def test_grpo_and_sft_must_hold_out_the_same_tasks():
     from training.config import TrainConfig
 
-    with pytest.raises(ValueError, match="not built yet"):
-        TrainConfig(grpo=True)
+    with pytest.raises(ValueError, match="held_out_share"):
+        TrainConfig(sft={"held_out_share": 0.2}, grpo={"held_out_share": 0.1})

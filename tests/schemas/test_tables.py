@@ -77,7 +77,47 @@ def _policy_eval_rows(tables: dict[str, list[dict[str, Any]]]) -> list[dict[str,
     result = evaluate(model, load_tokenizer(path), [(task, Environment(get_domain(task.domain), task.env_seed))],
                       max_turns=1, max_new_tokens=8, label="base")
     return [{"train_run_id": "t", "train_stage": "base", "policy": "base", "weights_digest": weights_digest(model),
-             "measured_at": time.time(), **result.summary(), "schema_version": SCHEMA_VERSION}]
+             "measured_at": time.time(), **result.summary(), "eval_key": "k", "reused_from": None,
+             "schema_version": SCHEMA_VERSION}]
+
+
+def _loop_rows(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """``grpo_steps``, ``replay_buffer`` and ``loop_rounds`` rows shaped as the train and loop flows write them
+    (the flows' own tests write real ones through the same validation)."""
+    import time
+
+    from flows.train import grpo_step_row
+
+    task = tables["tasks"][0]
+    metrics = {"step": 1, "reward_mean": 0.15, "reward_std_per_group": [0.3], "groups": 1, "groups_dropped": 0,
+               "passed": 0, "malformed": 1, "calls": 3, "render_drift": 0.0, "loss": -0.01, "loss_tokens": 120,
+               "updated": True, "rollout_seconds": 4.2, "train_seconds": 1.1}
+
+    class _R:  # the two fields of a rollout the row reads
+        def __init__(self, score, passed):
+            self.task, self.reward = Task.from_row(task), score
+            self.verdict = type("V", (), {"passed": passed})()
+
+    step = grpo_step_row("t", metrics, [[_R(0.0, False), _R(0.3, False)]])
+    buffer = {"loop_run_id": "l", "round": 1, "run_id": task["run_id"], "task_id": task["task_id"], "attempts": 2,
+              "p_hat": 0.0, "reward_mean": 0.15, "reward_var": 0.0225, "status": "parent", "weakness": "wrong_argument",
+              "labels": {"wrong_argument": 2}, "schema_version": SCHEMA_VERSION}
+    round_ = {"loop_run_id": "l", "round": 1, "synthesize_run_id": task["run_id"], "curate_run_id": "c",
+              "train_run_id": "t", "policy_dir": "/p", "tasks": 8, "accepted": 7, "variants_of": 0,
+              "evals": [{"train_stage": "base", "pass_at_1": 0.0, "valid_call_rate": None}],
+              "grpo_reward_trend": [0.15], "grpo_groups_dropped": 0.0, "buffer_active": 0, "buffer_retired": 0,
+              "parents": 1, "weakness_profile": {"wrong_argument": 1.0}, "seconds": 12.5, "measured_at": time.time(),
+              "schema_version": SCHEMA_VERSION}
+    return {"grpo_steps": [step], "replay_buffer": [buffer], "loop_rounds": [round_]}
+
+
+def _bfcl_eval_rows() -> list[dict[str, Any]]:
+    """``bfcl_evals`` rows as :func:`training.bfcl_eval.bfcl_rows` makes them: the base policy on one BFCL
+    question per category, briefly."""
+    from training.bfcl_eval import LocalAgent, bfcl_accuracy, bfcl_rows
+
+    result = bfcl_accuracy(LocalAgent.embedded(max_new_tokens=8), per_category=1)
+    return bfcl_rows(result, train_run_id="t", train_stage="base")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +133,8 @@ def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     tables["llm_usage"] = usage.to_rows("r", 0)
     tables.update(_curation_rows(tables, tmp_path_factory.mktemp("corpus")))
     tables["policy_evals"] = _policy_eval_rows(tables)
+    tables["bfcl_evals"] = _bfcl_eval_rows()
+    tables.update(_loop_rows(tables))
     assert set(tables) == set(TABLES)
     for name, table_rows in tables.items():
         assert table_rows, f"no {name} rows to test with"
@@ -238,6 +280,10 @@ def test_verdict_without_components_names_table_verdict_and_field(rows) -> None:
         ("verdicts", lambda r: r["components"].append({"name": "x", "passed": "yes", "score": 1.0, "detail": ""}),
          "components/"),
         ("verdicts", lambda r: r.update(unexpected=1), "(record)"),
+        ("bfcl_evals", lambda r: r.update(accuracy="high"), "accuracy"),
+        ("bfcl_evals", lambda r: r.update(policy_kind="remote"), "policy_kind"),
+        ("replay_buffer", lambda r: r.update(status="forgotten"), "status"),
+        ("grpo_steps", lambda r: r.update(groups_dropped=None), "groups_dropped"),
     ],
 )
 def test_invalid_rows_are_refused_with_the_field_path(rows, name, mutate, field) -> None:
