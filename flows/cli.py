@@ -177,6 +177,25 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loop(args: argparse.Namespace) -> int:
+    from flows.loop import LoopConfig
+
+    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    if args.rounds:
+        data["rounds"] = args.rounds
+    config = LoopConfig(**data)
+    with prefect_api(args.port):
+        from flows.loop import loop
+
+        try:
+            summary = loop(config=config, corpus_root=args.corpus)
+        except ValueError as exc:
+            print(f"loop failed: {exc}", file=sys.stderr)
+            return 2
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     from storage import Corpus
 
@@ -343,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", help="the BFCL folder (default: ../shared/benchmarks/bfcl)")
     p.add_argument("--json", action="store_true", help="print the whole result (per item too) as JSON")
     p.set_defaults(fn=cmd_bfcl)
+
+    p = sub.add_parser("loop", help="run the loop flow: rounds of synthesize → curate → train → select → variants")
+    p.add_argument("--config", help="JSON file with LoopConfig fields")
+    p.add_argument("--rounds", type=int)
+    p.add_argument("--corpus", default="data/loop", help="the loop's own corpus (default: data/loop)")
+    p.add_argument("--port", type=int, default=4200)
+    p.set_defaults(fn=cmd_loop)
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
     p.add_argument("format", choices=["trl", "sft_v1", "rl_v1"])
