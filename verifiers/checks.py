@@ -208,6 +208,23 @@ def verify(
     )
 
 
+def remember_scalars(value: Any, strings: set[str], numbers: list[float]) -> None:
+    """Every scalar of a value an assistant was shown, lower-cased text and numbers (a list's length too:
+    "how many"); what grounding checks an argument or an answer against."""
+    if isinstance(value, dict):
+        for v in value.values():
+            remember_scalars(v, strings, numbers)
+    elif isinstance(value, list):
+        numbers.append(float(len(value)))
+        for v in value:
+            remember_scalars(v, strings, numbers)
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, (int, float)):
+        numbers.append(float(value))
+    else:
+        strings.add(str(value).lower())
+
 @dataclass
 class _Replay:
     """What re-executing a conversation's calls, in order, showed."""
@@ -224,19 +241,7 @@ class _Replay:
 
     def see(self, value: Any) -> None:
         """Remember every scalar of a tool result (and the length of every list: "how many")."""
-        if isinstance(value, dict):
-            for v in value.values():
-                self.see(v)
-        elif isinstance(value, list):
-            self.numbers.append(float(len(value)))
-            for v in value:
-                self.see(v)
-        elif isinstance(value, bool) or value is None:
-            return
-        elif isinstance(value, (int, float)):
-            self.numbers.append(float(value))
-        else:
-            self.strings.add(str(value).lower())
+        remember_scalars(value, self.strings, self.numbers)
 
     def knows(self, value: Any, default: Any = None) -> bool:
         """Whether the assistant could have taken ``value`` from what it was told or shown."""

@@ -67,7 +67,7 @@ import jsonschema
 
 from envs import DOMAINS, ToolSpec, parse_call
 from schemas import Task, Trajectory, Verdict
-from verifiers.checks import NUMBER, _occurrences, answer_found
+from verifiers.checks import NUMBER, _occurrences, answer_found, remember_scalars
 
 Label = Literal[
     "format_error", "unknown_tool", "looping", "invalid_arguments", "wrong_tool", "wrong_argument",
@@ -383,19 +383,7 @@ class _Seen:
         return _Seen(set(self.strings), list(self.numbers), self.user_text)
 
     def see(self, value: Any) -> None:
-        if isinstance(value, dict):
-            for v in value.values():
-                self.see(v)
-        elif isinstance(value, list):
-            self.numbers.append(float(len(value)))
-            for v in value:
-                self.see(v)
-        elif isinstance(value, bool) or value is None:
-            return
-        elif isinstance(value, (int, float)):
-            self.numbers.append(float(value))
-        else:
-            self.strings.add(str(value).lower())
+        remember_scalars(value, self.strings, self.numbers)
 
     def knows(self, value: Any, *, user: bool = True) -> bool:
         """Whether ``value`` was in a tool result (or, with ``user``, in the user's words)."""
