@@ -1,10 +1,11 @@
-"""The ``train`` flow: evaluate the base policy on held-out tasks, SFT on the ``sft_v1`` split, evaluate again.
+"""The ``train`` flow: evaluate the base policy on held-out tasks, SFT on the ``sft_v1`` split, evaluate, GRPO,
+evaluate again; each stage optional.
 
-Each stage is a Prefect task and is resumable: an evaluation whose marker exists is skipped, SFT resumes
-from its last checkpoint (or is skipped when its policy folder is complete). Evaluations are rows of the
-``policy_evals`` table (column ``train_stage``; ``stage`` is the partition), eval conversations are
-trajectories with role ``eval``, so a user compares stages
-and runs with DuckDB. GRPO is the next stage to plug in here; it is refused by the config until it exists.
+Each stage is a Prefect task and is resumable: an evaluation whose marker exists is skipped (and one with the
+same key in an earlier run is reused), SFT and GRPO resume from their last checkpoint (or are skipped when
+their policy folder is complete). Evaluations are rows of the ``policy_evals`` table (column ``train_stage``;
+``stage`` is the partition), GRPO steps rows of ``grpo_steps``; eval and GRPO conversations are trajectories
+with roles ``eval`` and ``grpo``, so a user compares stages and runs with DuckDB.
 """
 
 from __future__ import annotations
@@ -54,6 +55,17 @@ def _distractors(config: TrainConfig) -> int:
     return config.sft.distractors if config.sft else 2
 
 
+def conversation_rows(pairs: list, suffix: str, control: str) -> tuple[list[dict], list[dict]]:
+    """Trajectory and verdict rows of a train run's conversations, ids made unique to the run by ``suffix``."""
+    trajectories, verdicts = [], []
+    for traj, verdict in pairs:
+        tid = f"{traj.trajectory_id}{suffix}"
+        traj.trajectory_id = tid
+        trajectories.append(traj.to_row())
+        verdicts.append({**verdict.to_row(), "trajectory_id": tid, "verdict_id": f"{tid}/v", "control": control})
+    return trajectories, verdicts
+
+
 @task(name="evaluate-policy", task_run_name="evaluate-{stage}")
 def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: str | None, corpus_root: str) -> dict:
     """Evaluate the base policy (``policy_dir`` None) or a trained one; stored as a batch of the train run."""
@@ -90,12 +102,7 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
     row = {"train_run_id": run_id, "train_stage": stage, "policy": label, "weights_digest": digest,
            "measured_at": time.time(), **result.summary(), "eval_key": key, "reused_from": None,
            "schema_version": SCHEMA_VERSION}
-    trajectories, verdicts = [], []
-    for traj, verdict in result.conversations:
-        tid = f"{traj.trajectory_id}@{run_id}/{stage}"
-        traj.trajectory_id = tid
-        trajectories.append(traj.to_row())
-        verdicts.append({**verdict.to_row(), "trajectory_id": tid, "verdict_id": f"{tid}/v", "control": "eval"})
+    trajectories, verdicts = conversation_rows(result.conversations, f"@{run_id}/{stage}", "eval")
     corpus.write_batch(run_id, "eval", batch, {"policy_evals": [row], "trajectories": trajectories,
                                                "verdicts": verdicts}, row)
     return row
@@ -124,14 +131,8 @@ def grpo_stage(config: TrainConfig, run_id: str, start: str | None, corpus_root:
     out = corpus.root / "_runs" / run_id / "grpo"
 
     def record(metrics: dict[str, Any], groups: list) -> None:
-        trajectories, verdicts = [], []
-        for group in groups:
-            for r in group:
-                tid = f"{r.trajectory.trajectory_id}@{run_id}"
-                r.trajectory.trajectory_id = tid
-                trajectories.append(r.trajectory.to_row())
-                verdicts.append({**r.verdict.to_row(), "trajectory_id": tid, "verdict_id": f"{tid}/v",
-                                 "control": "grpo"})
+        trajectories, verdicts = conversation_rows([(r.trajectory, r.verdict) for g in groups for r in g],
+                                                   f"@{run_id}", "grpo")
         row = grpo_step_row(run_id, metrics, groups)
         corpus.write_batch(run_id, "grpo", metrics["step"], {"grpo_steps": [row], "trajectories": trajectories,
                                                              "verdicts": verdicts}, row)
