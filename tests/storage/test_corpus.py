@@ -182,7 +182,8 @@ def test_views_exist_for_every_written_table_and_the_derived_ones(corpus: Corpus
     written = set(batch[0]) | set(catalog)
     curation = {"necessity", "difficulty", "dedup", "necessity_latest", "difficulty_latest", "dedup_latest",
                 "curation_labels", "curation", "split_sft_v1", "split_rl_v1"}  # empty until a curate run
-    assert views == written | {"accepted_tasks", "accepted_trajectories", "verdict_components"} | curation
+    training = {"policy_evals", "grpo_steps", "bfcl_evals", "replay_buffer", "loop_rounds"}  # empty until trained
+    assert views == written | {"accepted_tasks", "accepted_trajectories", "verdict_components"} | curation | training
     assert con.execute("SELECT count(*), count(necessity_label) FROM curation").fetchone() == (len(batch[0]["tasks"]), 0)
     tables = batch[0]
     for t in written:

@@ -49,7 +49,8 @@ def test_training_rows_leave_out_the_held_out_tasks_and_offer_the_evaluation_too
 
 def test_sft_resumes_to_the_uninterrupted_weights_and_guards_against_stale_ones(corpus, tmp_path):
     straight = run_sft(corpus, tiny(), tmp_path / "straight")
-    assert straight["steps"] == 4 and len(straight["losses"]) >= 1 and straight["rows"] > 30
+    assert straight["steps"] == 4 and len(straight["losses"]) >= 1
+    assert straight["rows"] >= 4 and straight["rows"] + straight["too_long"] > 30  # longer ones left out, counted
 
     interrupted = tiny(max_steps=2, save_steps=2)
     run_sft(corpus, interrupted, tmp_path / "resumed")  # "killed" after its step-2 checkpoint
