@@ -34,7 +34,10 @@ EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py"
 
 def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Environment]]:
     share, seed = (config.sft.held_out_share, config.sft.seed) if config.sft else (0.1, 0)
-    keys = corpus.connect().execute(held_out_sql(share, seed) + " ORDER BY hash(task_id)").fetchall()
+    depth = int(config.evaluation.max_depth or 99)
+    keys = corpus.connect().execute(
+        f"SELECT h.run_id, h.task_id FROM ({held_out_sql(share, seed)}) h JOIN accepted_tasks t USING (run_id, task_id)"
+        f" WHERE t.signature.depth <= {depth} ORDER BY hash(h.task_id)").fetchall()
     wanted = {k for k in keys[:config.evaluation.tasks]}
     tasks = [Task.from_row(r) for r in corpus.read("tasks") if (r["run_id"], r["task_id"]) in wanted]
     return [(t, Environment(get_domain(t.domain), t.env_seed)) for t in sorted(tasks, key=lambda t: t.task_id)]

@@ -21,6 +21,8 @@ class EvalSettings(BaseModel):
     k: int = Field(1, ge=1, le=16, description="Attempts per task (pass^k needs k > 1; sampled at temperature 0.7).")
     max_turns: int = Field(8, ge=1, le=40, description="Assistant turns before the episode is cut.")
     max_new_tokens: int = Field(160, ge=16, le=2048)
+    max_depth: int | None = Field(2, ge=1, le=6, description="Only held-out tasks this deep or shallower: the CPU "
+                                                             "default's 135M policy solves none deeper; null = all.")
 
 
 class TrainConfig(BaseModel):

@@ -281,8 +281,8 @@ class _SampledPolicy:
 
     async def act(self, messages: list[Message]) -> Message:
         turn = sum(1 for m in messages if m["role"] == "assistant")
-        text = await self.batcher.generate(self.episode,
-                                           render(self.tokenizer, messages, self.tools, add_generation_prompt=True))
+        prompt = render(self.tokenizer, as_sampled(messages, self.raw), self.tools, add_generation_prompt=True)
+        text = await self.batcher.generate(self.episode, prompt)
         self.raw.append(text)
         message, problems = parse_assistant(text, turn)
         self.malformed += len(problems)
@@ -300,7 +300,21 @@ class Rollout:
     reward: float
     parts: dict[str, float]
     malformed: int
-    drift: bool  # an assistant turn re-renders differently from what was sampled (the loss sees the re-render)
+    raw: list[str]  # the sampled text of each assistant turn: what later turns saw and what the loss scores
+    drift: bool  # a parsed turn re-renders differently from its sample (the env got the parse, the loss the sample)
+
+
+def as_sampled(messages: list[Message], raw: list[str]) -> list[Message]:
+    """The conversation as the policy produced it: each assistant turn is its sampled text, not the canonical
+    re-render of its parse, so the prompt of the next turn and the tokens the loss scores are the ones sampled
+    (a re-render normalises JSON spacing and drops text around a call: off-policy tokens)."""
+    out, turn = [], 0
+    for m in messages:
+        if m["role"] == "assistant" and turn < len(raw):
+            m = {"role": "assistant", "content": raw[turn]}
+            turn += 1
+        out.append(m)
+    return out
 
 
 def rollout_groups(engine: Any, tokenizer: Any, jobs: list[tuple[Task, Environment]], settings: GRPOSettings,
@@ -336,7 +350,7 @@ def rollout_groups(engine: Any, tokenizer: Any, jobs: list[tuple[Task, Environme
             score, parts = reward(task, traj, verdict, policy.malformed)
             rendered = [_turn_text(m) for m in traj.messages if m["role"] == "assistant"]
             drift = any(a.strip() != b.strip() for a, b in zip(policy.raw, rendered))
-            group.append(Rollout(task, traj, verdict, tools_of[t], score, parts, policy.malformed, drift))
+            group.append(Rollout(task, traj, verdict, tools_of[t], score, parts, policy.malformed, policy.raw, drift))
         groups.append(group)
     return groups
 
@@ -399,16 +413,21 @@ def _load_start(start: str):
     return AutoModelForCausalLM.from_pretrained(start), load_tokenizer(start)
 
 
+def loss_tokens(tokenizer: Any, rollout: Rollout) -> tuple[list[int], list[int]]:
+    """Token ids of the rollout as sampled, and the mask of the assistant's tokens (environment and user: 0)."""
+    plain = [{"role": m["role"], "content": m.get("content") or "",
+              **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})} for m in rollout.trajectory.messages]
+    enc = tokenizer.apply_chat_template(as_sampled(plain, rollout.raw), tools=rollout.tools, tokenize=True,
+                                        return_dict=True, return_assistant_tokens_mask=True)
+    return enc["input_ids"], enc["assistant_masks"]
+
+
 def _conversation_loss(model: Any, tokenizer: Any, rollout: Rollout, advantage: float, settings: GRPOSettings,
                        reference: Any = None) -> tuple[Any, int] | None:
     """Sum over the assistant's tokens of −A · log π(token) (+ β · KL estimate); None if too long."""
     import torch
 
-    plain = [{"role": m["role"], "content": m.get("content") or "",
-              **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})} for m in rollout.trajectory.messages]
-    enc = tokenizer.apply_chat_template(plain, tools=rollout.tools, tokenize=True, return_dict=True,
-                                        return_assistant_tokens_mask=True)
-    ids, mask = enc["input_ids"], enc["assistant_masks"]
+    ids, mask = loss_tokens(tokenizer, rollout)
     if len(ids) > settings.max_length or not any(mask):
         return None
     device = next(model.parameters()).device

@@ -5,6 +5,7 @@ resumes to the weights of an uninterrupted run and refuses to roll out from weig
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -14,7 +15,8 @@ from generators.config import SynthesizeConfig
 from schemas import Task, Trajectory
 from storage import Corpus
 from tests.helpers import SCRIPTED
-from training.grpo import GRPOSettings, TransformersEngine, advantages, reward, rollout_groups, trend
+from training.grpo import (GRPOSettings, TransformersEngine, advantages, loss_tokens, reward, rollout_groups,
+                           trend)
 from training.policy import StaleWeights
 from verifiers.checks import verify
 from verifiers.necessity import redundant_call
@@ -83,10 +85,11 @@ class _Scripted:
     """A rollout engine at the edge of the test: answers every prompt with the same text, records batches."""
 
     def __init__(self, text: str):
-        self.text, self.batches, self.served = text, [], None
+        self.text, self.batches, self.prompts, self.served = text, [], [], None
 
     def generate(self, prompts: list[str], seed: int) -> list[str]:
         self.batches.append(len(prompts))
+        self.prompts.append(prompts)
         return [self.text] * len(prompts)
 
 
@@ -105,6 +108,25 @@ def test_lockstep_rollouts_generate_every_live_episode_in_one_batch(batch):
     for group in groups:  # a policy that never calls a tool earns nothing: every group ties and is dropped
         assert all(r.reward == 0.0 and r.malformed == 0 for r in group)
         assert advantages([r.reward for r in group]) is None
+
+
+def test_later_turns_and_the_loss_see_the_sampled_text_not_its_canonical_re_render(batch):
+    from training.policy import load_tokenizer, policy_path
+
+    tokenizer = load_tokenizer(policy_path())
+    task, env = next((t, e) for t, tr, e in batch if tr.role == "reference" and not t.private_info)
+    first = task.reference_plan[0]
+    sampled = ('Let me look.  <tool_call>{"name":"%s","arguments":%s}</tool_call>'
+               % (first.tool, json.dumps(first.args, separators=(",", ":"))))
+    engine = _Scripted(sampled)
+    (group,) = rollout_groups(engine, tokenizer, [(task, env)], GRPOSettings(group_size=2, max_turns=2), seed=0)
+    rollout = group[0]
+    assert rollout.raw[0] == sampled and rollout.drift  # the parse re-renders with other spacing
+    assert len(engine.prompts) == 2 and all(sampled in p for p in engine.prompts[1])  # turn 2 saw the sample
+    ids, mask = loss_tokens(tokenizer, rollout)
+    scored = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert sampled in scored and scored.count(sampled) == len(rollout.raw)
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if not m]).count(sampled) == 0  # env and user: masked
 
 
 def test_an_engine_that_samples_from_other_weights_is_refused():

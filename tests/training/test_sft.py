@@ -45,6 +45,8 @@ def test_training_rows_leave_out_the_held_out_tasks_and_offer_the_evaluation_too
     assert all(len(n) >= 3 for n in names)  # the task's own tools plus two distractors
     used = {c["function"]["name"] for m in rows[0]["messages"] for c in (m.get("tool_calls") or [])}
     assert used <= names[0]
+    shallow = training_rows(corpus, tiny(max_depth=1))  # no call that needs another call's result
+    assert 0 < len(shallow) < len(rows) and all(r in rows for r in shallow)
 
 
 def test_sft_resumes_to_the_uninterrupted_weights_and_guards_against_stale_ones(corpus, tmp_path):
