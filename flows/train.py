@@ -111,7 +111,10 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
     return row
 
 
-@task(name="sft")
+# print capture off: the flow logs prints, and dill (datasets' fingerprint of TRL's map functions) finds a
+# function's globals by capturing the `print` of its disassembly — with capture on, it found none and the
+# disassembly went to the run log
+@task(name="sft", log_prints=False)
 def sft_stage(config: TrainConfig, run_id: str, corpus_root: str) -> str:
     """SFT on the split, in a folder named by its own key (settings, data, code): a train run that differs only
     in later stages reuses it; an interrupted one resumes from its last checkpoint."""

@@ -56,6 +56,18 @@ def test_a_rerun_resumes_every_stage(trained):
     assert Corpus(corpus.root).connect().execute("SELECT count(*) FROM policy_evals").fetchone()[0] == 3
 
 
+def test_sft_logs_no_disassembly_and_datasets_sees_function_globals(trained):
+    """The flow logs prints; dill (datasets' fingerprint of TRL's map functions) reads a function's globals from
+    the printed disassembly, which print capture swallowed into the run log. The SFT task runs without it."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterTextSearch
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(text=LogFilterTextSearch(query='"Disassembly of"')), limit=5)
+        any_logs = client.read_logs(limit=5)
+    assert any_logs and not logs
+
+
 def test_grpo_and_sft_must_hold_out_the_same_tasks():
     from training.config import TrainConfig
 
