@@ -43,8 +43,8 @@ from generators.agents import ScriptedUser, arun_episode
 from schemas import Message, Task, Trajectory, Verdict
 from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
-from training.policy import (StaleWeights, bf16_available, load_tokenizer, parse_assistant, policy_path, render,
-                             weights_digest)
+from training.policy import (StaleWeights, _plain, bf16_available, load_tokenizer, parse_assistant, policy_path,
+                             render, weights_digest)
 from verifiers.checks import verify
 
 OUTCOME = ("required_calls", "state_diff", "answer")
@@ -415,10 +415,9 @@ def _load_start(start: str):
 
 def loss_tokens(tokenizer: Any, rollout: Rollout) -> tuple[list[int], list[int]]:
     """Token ids of the rollout as sampled, and the mask of the assistant's tokens (environment and user: 0)."""
-    plain = [{"role": m["role"], "content": m.get("content") or "",
-              **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})} for m in rollout.trajectory.messages]
-    enc = tokenizer.apply_chat_template(as_sampled(plain, rollout.raw), tools=rollout.tools, tokenize=True,
-                                        return_dict=True, return_assistant_tokens_mask=True)
+    enc = tokenizer.apply_chat_template(as_sampled(_plain(rollout.trajectory.messages), rollout.raw),
+                                        tools=rollout.tools, tokenize=True, return_dict=True,
+                                        return_assistant_tokens_mask=True)
     return enc["input_ids"], enc["assistant_masks"]
 
 
