@@ -36,7 +36,8 @@ def test_each_stage_is_a_row_a_user_can_query(trained):
     corpus, config, first, _ = trained
     con = corpus.connect()
     rows = con.execute("SELECT train_stage, tasks, attempts, pass_at_1 BETWEEN 0 AND 1, weights_digest FROM policy_evals "
-                       "WHERE train_run_id = ? ORDER BY measured_at", [config.run_id()]).fetchall()
+                       "WHERE train_run_id = ? ORDER BY measured_at, list_position(['base', 'sft', 'grpo'], train_stage)",
+                       [config.run_id()]).fetchall()  # a reused evaluation keeps its measurement time: ties
     assert [r[:4] for r in rows] == [("base", 2, 2, True), ("sft", 2, 2, True), ("grpo", 2, 2, True)]
     assert rows[0][4] != rows[1][4]  # the trained policy is evaluated with its own weights, not the base's
     assert first["sft"]["steps"] == 2 and first["sft"]["weights_digest"] == rows[1][4]
