@@ -30,6 +30,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ class GRPOSettings(BaseModel):
     distractors: int = Field(2, ge=0)
     held_out_share: float = Field(0.1, gt=0, lt=1, description="Must match SFT's: held-out tasks are never trained on.")
     save_steps: int = Field(2, ge=1)
+    keep_checkpoints: bool = Field(False, description="Keep the optimizer checkpoints of a finished run (to continue "
+                                                      "it with more steps).")
     seed: int = 0
 
 
@@ -467,11 +470,12 @@ def run_grpo(corpus: Corpus, settings: GRPOSettings, out_dir: str | Path, start:
     if settings.adapter == "lora":
         from peft import LoraConfig, get_peft_model
 
+        torch.manual_seed(settings.seed)  # LoRA's A matrices start random: same settings, same run
         model = get_peft_model(model, LoraConfig(r=settings.lora_r, lora_alpha=2 * settings.lora_r, lora_dropout=0.0,
                                                  target_modules="all-linear", task_type="CAUSAL_LM"))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.learning_rate)
     history: list[dict[str, Any]] = []
-    step = _resume(out_dir, model, optimizer, history)
+    step = resumed_from = _resume(out_dir, model, optimizer, history)
     engine: Any
     if settings.engine == "vllm":
         engine = VLLMEngine(model, tokenizer, settings, start)
@@ -524,7 +528,10 @@ def run_grpo(corpus: Corpus, settings: GRPOSettings, out_dir: str | Path, start:
             on_step(metrics, groups)
         if step % settings.save_steps == 0 or step == settings.max_steps:
             _checkpoint(out_dir, step, model, optimizer, history)
-    return _finish(out_dir, model, tokenizer, settings, start, used_split, len(jobs), history, t0)
+    manifest = _finish(out_dir, model, tokenizer, settings, start, used_split, len(jobs), history, t0, resumed_from)
+    if not settings.keep_checkpoints:  # the policy is the result; optimizer state only serves a resume
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    return manifest
 
 
 def _checkpoint(out_dir: Path, step: int, model: Any, optimizer: Any, history: list[dict[str, Any]]) -> None:
@@ -537,22 +544,23 @@ def _checkpoint(out_dir: Path, step: int, model: Any, optimizer: Any, history: l
     torch.save({"trainable": trainable, "optimizer": optimizer.state_dict()}, tmp / "state.pt")
     (tmp / "history.json").write_text(json.dumps(history))
     if folder.exists():
-        import shutil
-
         shutil.rmtree(folder)
     tmp.rename(folder)
-    for old in sorted((out_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-2]:
-        import shutil
-
+    for old in _checkpoints(out_dir)[:-2]:
         shutil.rmtree(old)
+
+
+def _checkpoints(out_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a ``.tmp`` one was being written when its run was killed)."""
+    found = [p for p in (out_dir / "checkpoints").glob("step-*") if p.name.split("-")[1].isdigit()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
 def _resume(out_dir: Path, model: Any, optimizer: Any, history: list[dict[str, Any]]) -> int:
     """Load the last complete checkpoint (weights, optimiser, metrics); the step number is the data position."""
     import torch
 
-    found = sorted((out_dir / "checkpoints").glob("step-[0-9]*"), key=lambda p: int(p.name.split("-")[1]))
-    found = [p for p in found if not p.name.endswith(".tmp")]
+    found = _checkpoints(out_dir)
     if not found:
         return 0
     state = torch.load(found[-1] / "state.pt", weights_only=False)
@@ -566,7 +574,7 @@ def _resume(out_dir: Path, model: Any, optimizer: Any, history: list[dict[str, A
 
 
 def _finish(out_dir: Path, model: Any, tokenizer: Any, settings: GRPOSettings, start: str, used_split: str,
-            pool: int, history: list[dict[str, Any]], t0: float) -> dict[str, Any]:
+            pool: int, history: list[dict[str, Any]], t0: float, resumed_from: int) -> dict[str, Any]:
     final = out_dir / "policy"
     merged = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
     merged = merged.to("cpu")
@@ -575,7 +583,7 @@ def _finish(out_dir: Path, model: Any, tokenizer: Any, settings: GRPOSettings, s
     kept = [h for h in history if h["groups"] > h["groups_dropped"]]
     manifest = {
         "stage": "grpo", "base": start, "adapter": "full", "trained_adapter": settings.adapter, "split": used_split,
-        "pool": pool, "steps": len(history), "weights_digest": weights_digest(merged),
+        "pool": pool, "steps": len(history), "resumed_from": resumed_from, "weights_digest": weights_digest(merged),
         "reward_trend": [h["reward_mean"] for h in history],
         "groups": sum(h["groups"] for h in history), "groups_dropped": sum(h["groups_dropped"] for h in history),
         "mean_group_reward_std": round(statistics.fmean(s for h in history for s in h["reward_std_per_group"]), 4)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +44,8 @@ class SFTSettings(BaseModel):
     max_depth: int | None = Field(2, ge=1, le=6, description="Only tasks this deep or shallower; 2 suits the 135M "
                                                              "CPU default (the evaluation's depth); null = every depth.")
     save_steps: int | None = Field(None, ge=1, description="Checkpoint every this many steps (default: a quarter of the run).")
+    keep_checkpoints: bool = Field(False, description="Keep the optimizer checkpoints of a finished run (to continue "
+                                                      "it with more steps); they are 3× the policy's size.")
     seed: int = 0
 
 
@@ -80,7 +83,8 @@ def fitting_rows(rows: list[dict[str, Any]], tokenizer, max_length: int) -> tupl
 def sft_key(settings: SFTSettings, rows: list[dict[str, Any]]) -> str:
     """Identity of an SFT result: settings, training data and the code that renders and trains. Two train runs
     that differ only in later stages share one SFT (``_runs/_sft/<key>``)."""
-    digest = hashlib.sha256(json.dumps([settings.model_dump(mode="json"), rows], sort_keys=True).encode())
+    kept = settings.model_dump(mode="json", exclude={"keep_checkpoints"})  # what is kept on disk, not what is trained
+    digest = hashlib.sha256(json.dumps([kept, rows], sort_keys=True).encode())
     for name in ("sft.py", "policy.py", "evaluate.py"):
         digest.update((Path(__file__).parent / name).read_bytes())
     return digest.hexdigest()[:12]
@@ -121,17 +125,20 @@ def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[
                          peft_config=peft_config)
     checkpoints = sorted((out_dir / "checkpoints").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     # a killed run resumes from its last checkpoint: optimizer, scheduler, RNG and the data position included
+    resumed_from = int(checkpoints[-1].name.split("-")[1]) if checkpoints else 0
     result = trainer.train(resume_from_checkpoint=str(checkpoints[-1]) if checkpoints else None)
     final = out_dir / "policy"
     trainer.save_model(str(final))
     tokenizer.save_pretrained(str(final))
     manifest = {"stage": "sft", "base": base, "adapter": settings.adapter, "split": settings.split,
                 "rows": len(rows), "too_long": too_long, "data_digest": hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()[:16],
-                "steps": result.global_step, "train_loss": round(result.training_loss, 4),
+                "steps": result.global_step, "resumed_from": resumed_from, "train_loss": round(result.training_loss, 4),
                 "weights_digest": weights_digest(trainer.model),
                 "losses": [round(h["loss"], 4) for h in trainer.state.log_history if "loss" in h],
                 "settings": settings.model_dump(), "seconds": round(time.perf_counter() - start, 1)}
     (final / "synthloop_policy.json").write_text(json.dumps(manifest, indent=2))
+    if not settings.keep_checkpoints:  # the policy is the result; optimizer state only serves a resume
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
     return manifest
 
 

@@ -3,6 +3,8 @@ parents (lineage), with the parents' signatures; the replay buffer and the per-r
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from storage import Corpus
@@ -34,7 +36,8 @@ def looped(prefect_server, tmp_path_factory):
     config = tiny_loop()
     first = loop(config=config, corpus_root=str(root))
     again = loop(config=config, corpus_root=str(root))
-    return Corpus(root), config, first, again
+    yield Corpus(root), config, first, again
+    shutil.rmtree(root, ignore_errors=True)  # two rounds of trained policies: 2 GB
 
 
 def test_two_rounds_are_rows_with_their_figures(looped):

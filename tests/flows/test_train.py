@@ -3,6 +3,8 @@ resumable stage whose figures are rows of `policy_evals` (and `grpo_steps` per G
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from flows.pipeline import run_batch
@@ -29,7 +31,8 @@ def trained(prefect_server, tmp_path_factory):
                          evaluation={"tasks": 2, "max_turns": 2, "max_new_tokens": 48})
     first = train(config=config, corpus_root=str(corpus.root))
     again = train(config=config, corpus_root=str(corpus.root))
-    return corpus, config, first, again
+    yield corpus, config, first, again
+    shutil.rmtree(corpus.root, ignore_errors=True)  # two trained policies: 1 GB
 
 
 def test_each_stage_is_a_row_a_user_can_query(trained):

@@ -15,8 +15,7 @@ from generators.config import SynthesizeConfig
 from schemas import Task, Trajectory
 from storage import Corpus
 from tests.helpers import SCRIPTED
-from training.grpo import (GRPOSettings, TransformersEngine, advantages, loss_tokens, reward, rollout_groups,
-                           trend)
+from training.grpo import GRPOSettings, TransformersEngine, advantages, loss_tokens, reward, rollout_groups, trend
 from training.policy import StaleWeights
 from verifiers.checks import verify
 from verifiers.necessity import redundant_call
@@ -149,3 +148,41 @@ def small_corpus(tmp_path_factory) -> Corpus:
     corpus.write_batch(config.run_id, "synthesize", 0, result.tables, result.summary)
     corpus.write_manifest(config.run_id, {"stage": "synthesize", "status": "complete"})
     return corpus
+
+
+def test_grpo_resumes_to_the_weights_of_an_uninterrupted_run(small_corpus, tmp_path, monkeypatch):
+    """Real trainer, optimizer and checkpoints on the embedded policy; only sampling is scripted (half of each
+    group makes the task's first reference call, half refuses) so every group carries signal and the weights move."""
+    from transformers import AutoModelForCausalLM
+
+    from training.grpo import run_grpo, task_pool
+    from training.policy import load_policy, policy_path, weights_digest
+
+    def settings(**extra) -> GRPOSettings:
+        return GRPOSettings(**{"group_size": 2, "tasks_per_step": 1, "max_steps": 2, "save_steps": 1, "max_turns": 2,
+                               "max_new_tokens": 16, "max_length": 1024, "precision": "fp32", **extra})
+
+    tasks = [t for t, _ in task_pool(small_corpus, settings())[0]]
+
+    def scripted(self, prompts: list[str], seed: int) -> list[str]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            step = next(t for t in tasks if t.requests[0] in prompt).reference_plan[0]
+            call = f'<tool_call>{{"name": {json.dumps(step.tool)}, "arguments": {json.dumps(step.args)}}}</tool_call>'
+            refused = "I cannot help" in prompt or (i % 2 and call not in prompt)  # one stance per episode
+            out.append("I cannot help with that." if refused else call)
+        return out
+
+    monkeypatch.setattr(TransformersEngine, "generate", scripted)
+    straight = run_grpo(small_corpus, settings(), tmp_path / "straight")
+    assert straight["steps"] == 2 and straight["resumed_from"] == 0 and straight["steps_with_update"] == 2
+    assert straight["weights_digest"] != weights_digest(AutoModelForCausalLM.from_pretrained(policy_path()))
+    assert not (tmp_path / "straight" / "checkpoints").exists()  # a finished run keeps its policy, not its optimizer
+
+    run_grpo(small_corpus, settings(max_steps=1, keep_checkpoints=True), tmp_path / "resumed")  # "killed" after step 1
+    (tmp_path / "resumed" / "checkpoints" / "step-2.tmp").mkdir()  # and while writing step 2's checkpoint
+    resumed = run_grpo(small_corpus, settings(), tmp_path / "resumed")
+    assert resumed["resumed_from"] == 1 and resumed["steps"] == 2
+    assert [h["rewards"] for h in resumed["history"]] == [h["rewards"] for h in straight["history"]]
+    assert resumed["weights_digest"] == straight["weights_digest"], "resume skipped or repeated data"
+    assert load_policy(tmp_path / "resumed" / "policy")[2]["weights_digest"] == straight["weights_digest"]

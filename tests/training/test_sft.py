@@ -54,10 +54,12 @@ def test_sft_resumes_to_the_uninterrupted_weights_and_guards_against_stale_ones(
     assert straight["steps"] == 4 and len(straight["losses"]) >= 1
     assert straight["rows"] >= 4 and straight["rows"] + straight["too_long"] > 30  # longer ones left out, counted
 
-    interrupted = tiny(max_steps=2, save_steps=2)
+    assert straight["resumed_from"] == 0 and not (tmp_path / "straight" / "checkpoints").exists()  # policy only
+
+    interrupted = tiny(max_steps=2, save_steps=2, keep_checkpoints=True)
     run_sft(corpus, interrupted, tmp_path / "resumed")  # "killed" after its step-2 checkpoint
     resumed = run_sft(corpus, tiny(save_steps=2), tmp_path / "resumed")  # same command, longer: resumes at 2
-    assert resumed["steps"] == 4
+    assert resumed["steps"] == 4 and resumed["resumed_from"] == 2
     assert resumed["weights_digest"] == straight["weights_digest"], "resume skipped or repeated data"
 
     model, tokenizer, manifest = load_policy(tmp_path / "straight" / "policy")
