@@ -119,7 +119,7 @@ def run_sft(corpus: Corpus, settings: SFTSettings, out_dir: str | Path) -> dict[
                        assistant_only_loss=True, max_length=settings.max_length,
                        logging_steps=max(1, min(5, settings.max_steps // 4)), report_to=[],
                        save_strategy="steps", save_steps=settings.save_steps or max(settings.max_steps // 4, 1),
-                       save_total_limit=2, bf16=_bf16(settings), gradient_checkpointing=False,
+                       save_total_limit=2, bf16=_bf16(settings), activation_checkpointing=False,
                        seed=settings.seed, use_cpu=not torch.cuda.is_available(), lr_scheduler_type="cosine", warmup_steps=5)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                          peft_config=peft_config)
