@@ -115,8 +115,8 @@ def test_later_turns_and_the_loss_see_the_sampled_text_not_its_canonical_re_rend
     tokenizer = load_tokenizer(policy_path())
     task, env = next((t, e) for t, tr, e in batch if tr.role == "reference" and not t.private_info)
     first = task.reference_plan[0]
-    sampled = ('Let me look.  <tool_call>{"name":"%s","arguments":%s}</tool_call>'
-               % (first.tool, json.dumps(first.args, separators=(",", ":"))))
+    args = json.dumps(first.args, separators=(",", ":"))
+    sampled = f'Let me look.  <tool_call>{{"name":"{first.tool}","arguments":{args}}}</tool_call>'
     engine = _Scripted(sampled)
     (group,) = rollout_groups(engine, tokenizer, [(task, env)], GRPOSettings(group_size=2, max_turns=2), seed=0)
     rollout = group[0]
