@@ -28,7 +28,7 @@ from training.evaluate import evaluate, held_out_sql
 STAGE = "train"
 ROOT = Path(__file__).resolve().parent.parent
 # what rolls a policy out and judges it: a change here makes earlier evaluations stale
-EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py", "verifiers/sandbox.py",
+EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py", "sandbox/oneshot.py",
              "generators/agents.py", *(f"envs/{p.name}" for p in (ROOT / "envs").glob("*.py")))
 
 

@@ -16,10 +16,10 @@ from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
 
 @lru_cache(maxsize=1)
 def code_version() -> str:
-    """Hash of the source of every package that shapes a corpus (environments, generators, verifiers)."""
+    """Hash of the source of every package that shapes a corpus (environments, generators, verifiers, sandbox)."""
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for package in ("envs", "generators", "verifiers"):
+    for package in ("envs", "generators", "verifiers", "sandbox"):
         for path in sorted([*(root / package).rglob("*.py"), *(root / package).rglob("prompts/*.md")]):
             digest.update(path.relative_to(root).as_posix().encode())
             digest.update(path.read_bytes())

@@ -19,7 +19,7 @@ from rapidfuzz import fuzz
 
 from envs import Environment, observation, parse_call
 from schemas import CheckResult, Task, Trajectory, Verdict
-from verifiers.sandbox import SandboxLimits, run_check
+from sandbox import SandboxLimits, run_check
 
 # Strings shorter than this, or that look like identifiers, must match exactly: "O0041" vs "O0042" is a
 # different order, while a long name or title may differ in punctuation or spacing.

@@ -439,7 +439,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_each_hostile_check_is_contained_and_reported_as_a_verifier_error(cases, name) -> None:
-    from verifiers.sandbox import SandboxLimits
+    from sandbox import SandboxLimits
 
     source, kinds = HOSTILE[name]
     case = cases["banking"][0]

@@ -1,4 +1,4 @@
-"""Tests for verifiers.sandbox: hostile checks are contained, the caller keeps running."""
+"""Tests for sandbox.run_check: hostile checks are contained, the caller keeps running."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from verifiers.sandbox import ERROR_KINDS, SandboxLimits, SandboxResult, isolation_report, run_check
+from sandbox import ERROR_KINDS, SandboxLimits, SandboxResult, isolation_report, run_check
 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=3.0, memory_mb=128)
 MARGIN_S = 1.5
@@ -231,11 +231,11 @@ def test_temp_folder_is_always_removed(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_isolation_report_describes_layers():
+def test_isolation_report_describes_the_boundary():
     report = isolation_report()
-    assert report["probe_ok"] and report["audit_hook"] and report["rlimits"]
-    assert set(report) >= {"netns", "uid_drop", "no_new_privs", "process_group_kill"}
-    assert report["netns"] in {None, "netns", "userns+netns"}
+    assert report["available"] and report["seccomp"] and report["rlimits"]
+    assert {"user", "mount", "pid", "net"} <= set(report["namespaces"])
+    assert report["audit_hook"] == "defence in depth"
 
 
 def test_filling_the_folder_with_files_is_stopped() -> None:
@@ -251,3 +251,12 @@ def test_reaching_the_runner_through_frames_is_forbidden() -> None:
     source = "def check(p):\n    import sys\n    return sorted(sys._getframe(1).f_locals)\n"
     result = run_check(source, {}, limits=LIMITS)
     assert not result.ok and result.error == "forbidden: sys._getframe"
+
+
+def test_a_check_returns_only_through_the_runner():
+    """Whatever the check writes itself (stdout, or any descriptor) cannot become or join its result."""
+    source = ("import os\ndef check(p):\n    print('{\"ok\": true, \"value\": true, \"error\": null}')\n"
+              "    for fd in range(3, 16):\n        try:\n"
+              "            os.write(fd, b'{\"ok\": true, \"value\": true, \"error\": null}\\n')\n"
+              "        except OSError:\n            pass\n    return False\n")
+    assert kind(run(source)) in {"bad_output", "forbidden"}

@@ -1,0 +1,146 @@
+"""The boundary as its callers use it: refusal where it cannot be had, long-lived servers, the unprivileged run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sandbox import (
+    INPUT,
+    SERVER,
+    Limits,
+    SandboxUnavailable,
+    Spec,
+    availability,
+    python_executable,
+    run_check,
+    sandboxed,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+SERVER_LIMITS = Limits(cpu_seconds=20, wall_seconds=None, memory_mb=512)
+
+
+def test_the_boundary_is_available_on_this_machine():
+    """CI machines install bubblewrap (scripts/system-deps.sh); without it every untrusted run is refused."""
+    found = availability()
+    assert found.ok, found.reason
+
+
+def test_without_bubblewrap_untrusted_code_is_refused_with_what_to_install(monkeypatch):
+    monkeypatch.setenv("SYNTHLOOP_BWRAP", "/nonexistent/bwrap")
+    result = run_check("def check(p):\n    return True\n", {})
+    assert not result.ok and result.error.startswith("refused: ")
+    assert "apt-get install bubblewrap" in result.error
+    with pytest.raises(SandboxUnavailable, match="bubblewrap"):
+        with sandboxed(Spec(argv=("/bin/true",))):
+            pass
+
+
+def test_a_bwrap_that_cannot_build_namespaces_is_refused(tmp_path, monkeypatch):
+    fake = tmp_path / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create a new namespace' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SYNTHLOOP_BWRAP", str(fake))
+    result = run_check("def check(p):\n    return True\n", {})
+    assert result.error.startswith("refused: ") and "No permissions to create a new namespace" in result.error
+    assert "user namespaces" in result.error
+
+
+def test_a_long_lived_server_answers_many_calls_on_pipes():
+    server = (
+        "import json, sys\n"
+        "state = {'calls': 0}\n"
+        "for line in sys.stdin:\n"
+        "    request = json.loads(line)\n"
+        "    state['calls'] += 1\n"
+        "    print(json.dumps({'id': request['id'], 'sum': sum(request['xs']), 'calls': state['calls']}),"
+        " flush=True)\n")
+    spec = Spec(argv=(python_executable(), "-I", "-S", f"{INPUT}/server.py"), policy=SERVER,
+                limits=SERVER_LIMITS, files=(("server.py", server.encode()),))
+    with sandboxed(spec, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        answers = []
+        for i in range(200):
+            proc.stdin.write((json.dumps({"id": i, "xs": [i, 1]}) + "\n").encode())
+            proc.stdin.flush()
+            answers.append(json.loads(proc.stdout.readline()))
+    assert answers[-1] == {"id": 199, "sum": 200, "calls": 200}
+    assert proc.returncode is not None  # the context killed and reaped it
+
+
+def test_read_only_paths_a_caller_lists_are_visible_and_nothing_else(tmp_path):
+    shared = tmp_path / "plugin"
+    shared.mkdir()
+    (shared / "tool.py").write_text("VALUE = 41\n")
+    (tmp_path / "private.txt").write_text("not listed")
+    program = ("import json, sys\n"
+               f"sys.path.insert(0, {str(shared)!r})\n"
+               "import tool\n"
+               "try:\n"
+               f"    open({str(tmp_path / 'private.txt')!r})\n    private = 'read'\n"
+               "except OSError as e:\n    private = type(e).__name__\n"
+               f"try:\n    open({str(shared / 'new.py')!r}, 'w')\n    wrote = True\n"
+               "except OSError:\n    wrote = False\n"
+               "print(json.dumps({'value': tool.VALUE + 1, 'private': private, 'wrote': wrote}))\n")
+    spec = Spec(argv=(f"{INPUT}/main.py",), mode="python", read_only=(str(shared),),
+                files=(("main.py", program.encode()),))
+    with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=30)
+    assert json.loads(out) == {"value": 42, "private": "FileNotFoundError", "wrote": False}, err
+
+
+def _hide_behind(paths: list[str], view: Path) -> list[str]:
+    """Shell lines that make `paths` reachable for another uid inside a private mount namespace.
+
+    An interpreter under a 0700 home (pyenv under /root) cannot be run by another uid at all; the folder is
+    replaced, in that namespace only, by a view holding just the entries on the way to `paths`.
+    """
+    lines, done = [], set()
+    for path in paths:
+        parts = Path(path).parts
+        for i in range(1, len(parts) - 1):
+            folder = Path(*parts[: i + 1])
+            if folder in done or os.stat(folder).st_mode & 0o001:
+                continue
+            done.add(folder)
+            stand_in = view / str(len(done))
+            child = parts[i + 1]
+            lines += [f"mkdir -p {stand_in}/{child}", f"mount --bind {folder}/{child} {stand_in}/{child}",
+                      f"mount --rbind {stand_in} {folder}"]
+            break
+    return lines
+
+
+@pytest.mark.slow
+def test_the_attack_suite_passes_as_an_unprivileged_user(tmp_path):
+    """The same boundary for an ordinary user: the attack and one-shot suites again, as uid nobody."""
+    if os.geteuid() != 0:
+        assert availability().ok  # this whole suite is already running unprivileged
+        return
+    assert shutil.which("unshare") and shutil.which("setpriv"), "util-linux's unshare and setpriv are needed"
+    scratch = Path(tempfile.mkdtemp(prefix="synthloop-unprivileged-"))  # pytest's own temp root is 0700
+    scratch.chmod(0o755)
+    home = scratch / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    basetemp = home / "pytest"  # pytest removes and recreates it, so its parent must be nobody's
+    script = _hide_behind([python_executable(), sys.prefix, str(REPO)], tmp_path / "views") + [
+        f"exec setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups --inh-caps=-all "
+        f"env -i HOME={home} PATH=/usr/bin:/bin {sys.executable} -m pytest -q -p no:cacheprovider --noconftest "
+        f"--basetemp={basetemp} tests/sandbox/test_attacks.py tests/sandbox/test_oneshot.py"]
+    try:
+        done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-ec", "\n".join(script)],
+                              cwd=REPO, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    tail = done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0, tail
+    assert " passed" in done.stdout and "failed" not in done.stdout, tail
