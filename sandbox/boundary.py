@@ -56,7 +56,11 @@ PREIMPORTS = ("json", "math", "re", "collections", "itertools", "functools", "st
 
 
 class SandboxUnavailable(RuntimeError):
-    """This machine cannot provide the boundary; the message says why and what to install."""
+    """This machine cannot provide the boundary; `reason` says why and what to install."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"untrusted code refused: {reason}")
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -350,7 +354,7 @@ def _probe(bwrap: str | None) -> Availability:
         finally:
             shutil.rmtree(inputs, ignore_errors=True)
     except SandboxUnavailable as exc:
-        return Availability(False, str(exc), bwrap)
+        return Availability(False, exc.reason, bwrap)
     except (OSError, subprocess.SubprocessError) as exc:
         return Availability(False, f"{bwrap} could not be run: {exc}", bwrap)
     if done.returncode != 0 or done.stdout.strip() != b"ready":
@@ -370,5 +374,5 @@ def availability() -> Availability:
 def _require() -> str:
     found = availability()
     if not found.ok:
-        raise SandboxUnavailable(f"untrusted code refused: {found.reason}")
+        raise SandboxUnavailable(found.reason)
     return found.bwrap

@@ -77,7 +77,7 @@ def run_check(source: str, payload: dict, *, entrypoint: str = "check",
             wall = limits.wall_seconds if limits.wall_seconds is not None else 3600.0
             out, err, problem = _collect(proc, start + wall, limits.max_output_bytes)
     except SandboxUnavailable as exc:
-        return SandboxResult(False, None, f"refused: {exc}", 0.0)
+        return SandboxResult(False, None, f"refused: {exc.reason}", 0.0)
     duration = time.monotonic() - start
     return _judge(out, err, problem, proc.returncode, duration, limits, nonce)
 
