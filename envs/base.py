@@ -25,8 +25,31 @@ from functools import cached_property
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import jsonschema
+import referencing
+import referencing.exceptions
 
 from schemas import Tool
+
+
+def _refuse_retrieval(uri: str) -> referencing.Resource:
+    # A schema can name any URI in a $ref; fetching it would let a catalog (or an LLM-written environment)
+    # make the pipeline send requests and trust the answer. References must resolve inside the schema.
+    raise referencing.exceptions.NoSuchResource(ref=uri)
+
+
+NO_RETRIEVAL: referencing.Registry = referencing.Registry(retrieve=_refuse_retrieval)
+"""A ``referencing`` registry that never fetches: a ``$ref`` outside its schema is unresolvable, not retrieved."""
+
+
+def argument_validator(schema: dict[str, Any] | bool) -> jsonschema.Draft202012Validator:
+    """A draft 2020-12 validator for a tool's schema that never retrieves a ``$ref``.
+
+    Use it for every schema that did not come from this project's own code. jsonschema's default registry
+    still fetches ``http(s)://`` references the first time validation reaches them; with this one such a
+    reference raises ``referencing.exceptions.Unresolvable`` instead. The catalog importer rejects those
+    references up front, so an imported tool's validator never meets one.
+    """
+    return jsonschema.Draft202012Validator(schema, registry=NO_RETRIEVAL)
 
 
 class ToolError(Exception):
@@ -287,7 +310,7 @@ class Environment:
         self.impl = domain(self.db)
         self.specs = domain.tools()
         self._validators = {
-            n: jsonschema.Draft202012Validator(s.record.parameters) for n, s in self.specs.items()
+            n: argument_validator(s.record.parameters) for n, s in self.specs.items()
         }
         self._integer_params = {
             n: {p: ps.get("type") in ("integer", ["integer", "null"]) for p, ps in s.record.parameters["properties"].items()}

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import jsonschema
 
+from envs.base import argument_validator
 from schemas import Tool
 
 Source = Literal["native", "tagged", "fenced", "bare"]
@@ -511,7 +512,7 @@ def to_openai_calls(extraction: Extraction, id_prefix: str = "call") -> list[dic
 def _validator(schema_text: str) -> jsonschema.Draft202012Validator:
     schema = json.loads(schema_text)
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return argument_validator(schema)
 
 
 def classify(call: ExtractedCall, tools: dict[str, Tool]) -> str | None:

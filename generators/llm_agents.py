@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 
 from envs import Environment
+from envs.base import argument_validator
 from generators.agents import asked_keys
 from generators.extraction import ExtractedCall, classify, extract_tool_calls
 from generators.llm import Completion, LLMClient, Sampling, canonical
@@ -531,7 +532,7 @@ class ToolMock:
             return None, f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.tools))}."
         if not isinstance(args, dict):
             return None, f"Arguments of '{name}' must be a JSON object."
-        error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(tool.parameters).iter_errors(args))
+        error = jsonschema.exceptions.best_match(argument_validator(tool.parameters).iter_errors(args))
         if error is not None:
             return None, f"Invalid arguments for '{name}': {error.message}"
         key = f"tool-mock/{self.catalog}/{name}/{canonical(args)}/{self.state_hash()}"
@@ -557,7 +558,7 @@ class ToolMock:
         prompt = render("tool_mock", name=tool.name, catalog=self.catalog, description=tool.description,
                         parameters=canonical(tool.parameters), returns=canonical(returns), history=history,
                         arguments=canonical(args))
-        validator = jsonschema.Draft202012Validator(schema)
+        validator = argument_validator(schema)
         for attempt in range(self.attempts):
             done = await self.client.chat([{"role": "user", "content": prompt}], phase=self.phase, role="tool_mock",
                                           sample=f"{self.sample}/{tool.name}/{canonical(args)}/{self.state_hash()}",

@@ -1,22 +1,33 @@
-"""Catalog import: OpenAI tools, JSON-Schema specs in BFCL's dialect, OpenAPI 3, and all-or-nothing errors."""
+"""Catalog import: OpenAI tools, JSON-Schema specs in BFCL's dialect, OpenAPI 3, all-or-nothing errors, and input
+that is hostile or careless: a CatalogError naming file, tool and field, never a raw exception or a network request."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
 import pytest
+import referencing.exceptions
 
+from envs.base import argument_validator
 from generators.catalog import (
     BFCL_CATEGORIES,
+    MAX_DEPTH,
     CatalogError,
     bfcl_name_variants,
     load_bfcl_catalog,
     load_bfcl_functions,
     load_catalog,
 )
-from schemas import TABLES
+from generators.extraction import ExtractedCall, classify
+from schemas import TABLES, Tool
 from storage.external import bfcl_file, default_bfcl_root
 
 WEATHER = {
@@ -349,3 +360,418 @@ def test_bfcl_catalog_has_one_domain_per_category(bfcl_root):
     tools = load_bfcl_catalog(bfcl_root)
     assert {t.domain for t in tools} == {f"bfcl:{c}" for c in BFCL_CATEGORIES}
     assert any(t.name == "math_toolkit.sum_of_multiples" for t in tools)
+
+
+# --- hostile and careless input: a CatalogError naming the place, never a raw exception or a network call --------
+
+
+def nested(levels: int, leaf: object = "x") -> object:
+    value = leaf
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_documents_nest_up_to_max_depth_and_no_further(tmp_path):
+    def spec(levels: int) -> list[dict]:  # levels of the whole document: list, tool, parameters, properties, a, ...
+        schema = {"type": "object", "properties": {"a": {"default": nested(levels - 5)}}}
+        return [{"name": "deep", "parameters": schema}]
+
+    [tool] = load_catalog(write(tmp_path, "ok.json", spec(MAX_DEPTH)))
+    assert tool.parameters["properties"]["a"]["default"] == nested(MAX_DEPTH - 5)
+    with pytest.raises(CatalogError, match=rf"deep\.json: record #1: field parameters\.properties\.a\.default.*"
+                                           rf"nested deeper than {MAX_DEPTH} levels"):
+        load_catalog(write(tmp_path, "deep.json", spec(MAX_DEPTH + 1)))
+
+
+@pytest.mark.parametrize("levels", [95, 1_000, 100_000])
+@pytest.mark.parametrize("suffix", ["json", "yaml"])
+def test_deep_nesting_is_a_catalog_error_at_any_depth(tmp_path, suffix, levels):
+    if suffix == "yaml":
+        pytest.importorskip("yaml")
+    text = "[" * levels + "]" * levels  # also YAML: a flow sequence
+    path = write(tmp_path, f"deep.{suffix}", '{"tools": ' + text + "}")
+    with pytest.raises(CatalogError, match=rf"deep\.{suffix}: .*nested deeper than {MAX_DEPTH} levels"):
+        load_catalog(path)
+
+
+def test_a_yaml_alias_inside_itself_or_repeating_itself_is_refused(tmp_path):
+    pytest.importorskip("yaml")
+    with pytest.raises(CatalogError, match=rf"loop\.yaml: .*nested deeper than {MAX_DEPTH} levels \(a YAML alias"):
+        load_catalog(write(tmp_path, "loop.yaml", "- &a [*a]\n"))
+    # "billion laughs": nine levels of nine aliases each would be 9**9 (387 million) values once expanded
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    started = time.monotonic()
+    with pytest.raises(CatalogError, match=r"laughs\.yaml: the document has more than 5,000,000 values \(YAML aliases"):
+        load_catalog(write(tmp_path, "laughs.yaml", "\n".join(lines) + "\n"))
+    assert time.monotonic() - started < 60
+
+
+def test_integers_longer_than_python_reads_name_their_line(tmp_path):
+    digits = "9" * 5_000
+    text = '[{"name": "w",\n  "parameters": {"type": "object", "properties": {"n": {"maximum": ' + digits + "}}}}]"
+    with pytest.raises(CatalogError, match=r"big\.json: invalid number at line 2 col \d+: an integer of 5,000 digits "
+                                           r"\(Python reads at most 4,300\)"):
+        load_catalog(write(tmp_path, "big.json", text))
+    with pytest.raises(CatalogError, match=r"big\.jsonl: invalid number at line 2 col \d+"):
+        load_catalog(write(tmp_path, "big.jsonl", json.dumps(WEATHER) + "\n" + text.replace("\n", "") + "\n"))
+    pytest.importorskip("yaml")
+    with pytest.raises(CatalogError, match=r"big\.yaml: invalid YAML at line 2 col \d+: an integer of 5,000"):
+        load_catalog(write(tmp_path, "big.yaml", f"name: w\ndescription: {digits}\n"))
+    with pytest.raises(CatalogError, match=r"hex\.yaml: .*integer"):
+        load_catalog(write(tmp_path, "hex.yaml", f"name: w\ndescription: 0x{'f' * 5_000}\n"))
+
+
+def test_non_json_numbers_are_refused(tmp_path):
+    for name, text in {"nan.json": "NaN", "inf.json": "-Infinity", "huge.json": "1e999"}.items():
+        with pytest.raises(CatalogError, match=rf"{name}: invalid number at line 1 col \d+"):
+            load_catalog(write(tmp_path, name, '[{"name": "w", "parameters": {"maximum": ' + text + "}}]"))
+
+
+def test_a_file_that_is_not_utf8_says_where(tmp_path):
+    path = tmp_path / "latin1.json"
+    path.write_bytes('[{"name": "w", "description": "café"}]'.encode("latin-1"))
+    with pytest.raises(CatalogError, match=r"latin1\.json: not UTF-8 at byte 34 \(0xe9\); save the file as UTF-8"):
+        load_catalog(path)
+
+
+def test_a_file_that_cannot_be_read_is_a_catalog_error(tmp_path):
+    with pytest.raises(CatalogError, match=r"missing\.json: cannot be read \(No such file or directory\)"):
+        load_catalog(tmp_path / "missing.json")
+    (tmp_path / "folder.json").mkdir()
+    with pytest.raises(CatalogError, match=r"folder\.json: cannot be read"):
+        load_catalog(tmp_path / "folder.json")
+
+
+YAML_SPEC = """\
+name: book
+description: Book a slot.
+parameters:
+  type: object
+  properties:
+    day: {type: string, format: date, default: 2024-01-02, examples: [2024-02-29]}
+    at: {type: string, format: date-time, default: 2024-01-02T10:00:00Z}
+    1: {type: integer}
+  required: [day]
+"""
+
+
+def test_yaml_scalars_become_the_json_the_same_document_would_hold(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    [tool] = load_catalog(write(tmp_path, "book.yaml", YAML_SPEC))
+    assert tool.parameters["properties"] == {
+        "day": {"type": "string", "format": "date", "default": "2024-01-02", "examples": ["2024-02-29"]},
+        "at": {"type": "string", "format": "date-time", "default": "2024-01-02T10:00:00Z"},
+        "1": {"type": "integer"},
+    }
+    assert json.loads(json.dumps(tool.to_row())) == tool.to_row()  # plain JSON all the way down
+    # the same document written as JSON imports to the same tool
+    as_json = yaml.safe_load(YAML_SPEC.replace("2024-01-02T10:00:00Z", "'2024-01-02T10:00:00Z'")
+                             .replace("2024-01-02,", "'2024-01-02',").replace("[2024-02-29]", "['2024-02-29']")
+                             .replace("    1:", "    '1':"))
+    [twin] = load_catalog(write(tmp_path, "book.json", [as_json]))
+    assert twin.parameters == tool.parameters
+    # an invalid date is text too (PyYAML's own loader raises ValueError on it)
+    [odd] = load_catalog(write(tmp_path, "odd.yaml", "name: w\ndescription: 2024-13-45\n"))
+    assert odd.description == "2024-13-45"
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("!!binary aGVsbG8=", "a bytes value (b'hello') has no JSON equivalent"),
+    ("!!set {a, b}", "a set value"),
+    (".nan", "nan is not a JSON number"),
+    ("-.inf", "-inf is not a JSON number"),
+])
+def test_yaml_values_json_cannot_hold_name_their_field(tmp_path, value, fragment):
+    pytest.importorskip("yaml")
+    text = f"- name: w\n  parameters:\n    type: object\n    properties:\n      a: {{default: {value}}}\n"
+    with pytest.raises(CatalogError) as err:
+        load_catalog(write(tmp_path, "odd.yaml", text))
+    assert str(err.value).startswith("odd.yaml: record #1: field parameters.properties.a.default: ")
+    assert fragment in str(err.value)
+
+
+def openapi_doc(operation: dict, **components: dict) -> dict:
+    doc = {"openapi": "3.0.3", "paths": {"/things": {"post": {"operationId": "addThing", **operation}}}}
+    return doc | ({"components": components} if components else {})
+
+
+def body(schema: object, **extra: object) -> dict:
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}, **extra}}
+
+
+SCHEMA_AT = "requestBody.content.application/json.schema"
+OPENAPI_CONFUSIONS = {
+    "parameters a number": (
+        openapi_doc({"parameters": 5}), "field parameters: the operation's parameters must be a list"),
+    "path item parameters an object": (
+        {"openapi": "3.0.0", "paths": {"/a": {"parameters": {"a": 1}, "get": {"operationId": "addThing"}}}},
+        "field parameters: the path item's parameters must be a list"),
+    "parameter name a list": (
+        openapi_doc({"parameters": [{"name": ["x"], "in": "query"}]}),
+        "field parameters.0.name: expected the parameter's name"),
+    "parameter name a number": (
+        openapi_doc({"parameters": [{"name": 5, "in": "query"}]}), "field parameters.0.name"),
+    "parameter in unknown": (
+        openapi_doc({"parameters": [{"name": "x", "in": "body"}]}),
+        "field parameters.0.in: 'body' is not one of path, query, header, cookie"),
+    "parameter required a string": (
+        openapi_doc({"parameters": [{"name": "x", "in": "query", "required": "yes"}]}),
+        "field parameters.0.required: expected true or false"),
+    "parameter schema a number": (
+        openapi_doc({"parameters": [{"name": "x", "in": "query", "schema": 5}]}), "field parameters.0.schema"),
+    "schema type a number": (
+        openapi_doc({"parameters": [{"name": "x", "in": "query", "schema": {"type": 5}}]}),
+        "field parameters.properties.x.type: unknown type 5"),
+    "schema type an object": (
+        openapi_doc({"parameters": [{"name": "x", "in": "query", "schema": {"type": [{}]}}]}),
+        "field parameters.properties.x.type: unknown type {}"),
+    "responses a list": (openapi_doc({"responses": []}), "field responses: expected an object mapping status codes"),
+    "responses a non-empty list": (openapi_doc({"responses": [1]}), "field responses: expected an object"),
+    "response a number": (openapi_doc({"responses": {"200": 5}}), "field responses.200: expected a response object"),
+    "response content a string": (
+        openapi_doc({"responses": {"200": {"content": "json"}}}), "field responses.200.content: expected an object"),
+    "request body a list": (openapi_doc({"requestBody": []}), "field requestBody: expected a request body object"),
+    "request body content a number": (
+        openapi_doc({"requestBody": {"content": 5}}), "field requestBody.content: expected an object mapping media"),
+    "body properties a list": (
+        openapi_doc(body({"type": "object", "properties": []})), f"field {SCHEMA_AT}.properties: expected an object"),
+    "body properties a non-empty list": (
+        openapi_doc(body({"type": "object", "properties": [{"name": "x"}]})), f"field {SCHEMA_AT}.properties"),
+    "body required a string": (
+        openapi_doc(body({"type": "object", "properties": {"x": {}}, "required": "x"}, required=True)),
+        f"field {SCHEMA_AT}.required: expected a list of property names, got 'x'"),
+    "body required a number": (
+        openapi_doc(body({"type": "object", "properties": {"x": {}}, "required": 5}, required=True)),
+        f"field {SCHEMA_AT}.required: expected a list of property names, got 5"),
+    "body required flag a string": (
+        openapi_doc(body({"type": "object"}, required="true")), "field requestBody.required: expected true or false"),
+    "media type a list": (
+        openapi_doc({"requestBody": {"content": {"application/json": []}}}),
+        "field requestBody.content.application/json"),
+    "summary a list": (openapi_doc({"summary": ["x"]}), "field summary: expected a string"),
+    "operationId a number": (openapi_doc({"operationId": 5}), "field operationId: expected a string, got 5"),
+    "operation a number": (
+        {"openapi": "3.0.0", "paths": {"/things": {"post": 5}}}, "field post: expected an operation"),
+    "paths a list": ({"openapi": "3.0.0", "paths": []}, "field paths: [] is not of type 'object'"),
+    "path item a string": ({"openapi": "3.0.0", "paths": {"/a": "x"}}, "field paths./a: expected a path item object"),
+    "$ref a number": (openapi_doc({"parameters": [{"$ref": 5}]}), "field parameters.0.$ref: expected a reference"),
+    "$ref through a huge index": (
+        openapi_doc({"parameters": [{"$ref": "#/components/list/" + "9" * 5_000}]}, list=[]),
+        "field parameters.0.$ref: '#/components/list/999"),
+    "$ref through a non-ASCII digit": (
+        openapi_doc({"parameters": [{"$ref": "#/components/list/²"}]}, list=[]), "points at nothing"),
+}
+
+
+@pytest.mark.parametrize("case", OPENAPI_CONFUSIONS)
+def test_openapi_type_confusions_name_file_operation_and_field(tmp_path, case):
+    doc, fragment = OPENAPI_CONFUSIONS[case]
+    with pytest.raises(CatalogError) as err:
+        load_catalog(write(tmp_path, "api.json", doc))
+    assert str(err.value).startswith("api.json: ")
+    assert fragment in str(err.value)
+    if "operation a number" not in case and "path" not in case:
+        assert "operation " in str(err.value)
+
+
+def test_a_body_that_requires_one_name_as_a_string_is_not_split_into_letters(tmp_path):
+    doc = openapi_doc(body({"type": "object", "properties": {"x": {"type": "string"}}, "required": "x"}, required=True))
+    with pytest.raises(CatalogError, match=r"api\.json: operation POST /things 'addThing': field "
+                                           r"requestBody\.content\.application/json\.schema\.required: expected a list "
+                                           r"of property names, got 'x' \(one name is written \[\"name\"\]\)"):
+        load_catalog(write(tmp_path, "api.json", doc))
+    doc["paths"]["/things"]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] = ["x"]
+    [tool] = load_catalog(write(tmp_path, "api.json", doc))
+    assert tool.parameters["required"] == ["x"]
+
+
+def test_malformed_bfcl_questions_are_reported_not_raised(tmp_path):
+    lines = [{"id": "q1", "function": [{"name": ["a"], "parameters": {}}]}, {"id": "q2", "function": "f"}, [1],
+             {"id": "q3"}]
+    path = write(tmp_path, "BFCL_v4_simple_python.json", "\n".join(json.dumps(x) for x in lines) + "\n")
+    assert bfcl_name_variants(path) == {}
+    with pytest.raises(CatalogError) as err:
+        load_bfcl_functions(path)
+    assert [p.split(": field")[0] for p in err.value.problems] == [
+        "BFCL_v4_simple_python.json: question q2", "BFCL_v4_simple_python.json: question #3",
+        "BFCL_v4_simple_python.json: question q3", "BFCL_v4_simple_python.json: question q1 function #1"]
+
+
+# --- $ref: resolved inside the document, never fetched, expanded once and within bounds -----------------------
+
+
+class CountingServer:
+    """A real HTTP server on 127.0.0.1 that answers every GET with a JSON schema and counts the requests."""
+
+    def __init__(self) -> None:
+        counter = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+                counter.requests.append(self.path)
+                payload = json.dumps({"type": "string"}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.requests: list[str] = []
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def server():
+    s = CountingServer()
+    yield s
+    s.close()
+
+
+def remote_schemas(url: str) -> dict[str, dict]:
+    """Argument schemas whose references a resolver that fetches would send to ``url``."""
+    return {
+        "$ref http": {"type": "object", "properties": {"a": {"$ref": f"{url}/a.json"}}},
+        "$ref https": {"type": "object", "properties": {"a": {"$ref": "https://127.0.0.1:1/a.json"}}},
+        "$ref relative to $id": {"$id": f"{url}/root.json", "type": "object",
+                                 "properties": {"a": {"$ref": "other.json"}}},
+        "$ref relative file": {"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}},
+        "$ref file": {"type": "object", "properties": {"a": {"$ref": "file:///etc/passwd"}}},
+        "$dynamicRef": {"type": "object", "properties": {"a": {"$dynamicRef": f"{url}/d.json#meta"}}},
+        "nested $id": {"type": "object", "properties": {"a": {"$id": f"{url}/sub/", "$ref": "x.json"}}},
+    }
+
+
+def test_remote_refs_are_refused_at_import_with_no_request(tmp_path, server):
+    for case, schema in remote_schemas(server.url).items():
+        for name, data in (("specs.json", [{"name": "w", "parameters": schema}]),
+                           ("tools.json", openai({"name": "w", "parameters": schema}))):
+            with pytest.raises(CatalogError) as err:
+                load_catalog(write(tmp_path, name, data))
+            assert str(err.value).startswith(f"{name}: tool #1 'w': field parameters.properties.a."), case
+            assert "refers outside this schema, and nothing is ever fetched" in str(err.value), case
+    assert server.requests == []
+
+
+def test_references_inside_the_schema_still_import_and_validate(tmp_path, server):
+    schema = {
+        "$id": f"{server.url}/root.json",  # a base URI is only a name: what it names is inside the schema
+        "$schema": f"{server.url}/meta.json",
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/a"}, "b": {"$ref": "root.json#/$defs/a"}, "c": {"$ref": "#thing"},
+                       "d": {"$ref": f"{server.url}/thing.json"}},
+        "$defs": {"a": {"type": "integer"}, "t": {"$anchor": "thing", "type": "string"},
+                  "u": {"$id": "thing.json", "type": "boolean"}},
+    }
+    [tool] = load_catalog(write(tmp_path, "specs.json", [{"name": "w", "parameters": schema}]))
+    validator = argument_validator(tool.parameters)
+    assert validator.is_valid({"a": 1, "b": 2, "c": "x", "d": True})
+    assert not validator.is_valid({"a": "1"}) and not validator.is_valid({"c": 1}) and not validator.is_valid({"d": 1})
+    with pytest.raises(CatalogError, match=r"parameters\.properties\.a\.\$ref: '#/\$defs/nope' points at nothing"):
+        load_catalog(write(tmp_path, "specs.json", [{"name": "w", "parameters": {
+            "type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}}]))
+    assert server.requests == []
+
+
+def test_validators_never_fetch_a_remote_ref(server):
+    tool = Tool(name="w", description="", parameters=remote_schemas(server.url)["$ref http"], domain="d")
+    with pytest.warns(DeprecationWarning):  # the control: jsonschema's default resolver does fetch
+        assert not jsonschema.Draft202012Validator(tool.parameters).is_valid({"a": 1})
+    assert server.requests == ["/a.json"]
+    with pytest.raises(referencing.exceptions.Unresolvable):
+        argument_validator(tool.parameters).is_valid({"a": 1})
+    # the validators the pipeline uses on catalog tools: extracted calls of LLM agents are classified with one
+    signal = classify(ExtractedCall(name="w", arguments={"a": 1}, source="native"), {"w": tool})
+    assert signal is not None and signal.startswith("invalid_schema: ")
+    assert server.requests == ["/a.json"]  # only the control's
+
+
+def fan_out(levels: int, uses: int = 2) -> dict:
+    """An OpenAPI body whose schema S0 uses S1 ``uses`` times, S1 uses S2 ``uses`` times, ...: uses**levels leaves."""
+    schemas = {f"S{i}": {"type": "object", "properties": {
+        f"p{k}": {"$ref": f"#/components/schemas/S{i + 1}"} for k in range(uses)}} for i in range(levels)}
+    schemas[f"S{levels}"] = {"type": "string", "maxLength": 3}
+    return openapi_doc(body({"$ref": "#/components/schemas/S0"}), schemas=schemas)
+
+
+def inlined(levels: int, uses: int = 2) -> dict:
+    schema: dict = {"type": "string", "maxLength": 3}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {f"p{k}": schema for k in range(uses)}}
+    return schema
+
+
+@contextlib.contextmanager
+def seconds(limit: float) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block runs longer than ``limit`` seconds."""
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"took longer than {limit} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_fanned_out_refs_expand_once_and_stop_at_the_cap(tmp_path):
+    [tool] = load_catalog(write(tmp_path, "small.json", fan_out(6)))  # 64 leaves: imported, and fully inlined
+    assert tool.parameters == {"type": "object", **inlined(6)}
+    path = write(tmp_path, "fan.json", fan_out(20))  # 2**20 leaves from 2.7 KB
+    assert path.stat().st_size < 3_000
+    with seconds(5), pytest.raises(CatalogError, match=r"fan\.json: operation POST /things 'addThing': field "
+                                                       r"requestBody.*the schema expands beyond 20,000 nodes"):
+        load_catalog(path)
+    with seconds(5), pytest.raises(CatalogError, match="expands beyond 20,000 nodes"):
+        load_catalog(write(tmp_path, "wide.json", fan_out(4, uses=40)))  # 40**4 = 2.6 million leaves
+
+
+def test_many_operations_cannot_multiply_one_large_definition(tmp_path):
+    doc = fan_out(10)  # ~6,000 nodes once inlined: one operation is fine, two hundred are not
+    operation = doc["paths"]["/things"]["post"]
+    doc["paths"] = {f"/things{i}": {"post": {**operation, "operationId": f"add{i}"}} for i in range(200)}
+    with seconds(30), pytest.raises(CatalogError) as err:
+        load_catalog(write(tmp_path, "many.json", doc))
+    assert "the file's operations expand to more than" in str(err.value)
+    assert not any("'add0'" in p for p in err.value.problems)  # the budget is for the file, not per operation
+
+
+def test_recursive_and_mutually_recursive_refs_terminate_and_validate(tmp_path):
+    schemas = {
+        "A": {"type": "object", "properties": {"b1": {"$ref": "#/components/schemas/B"},
+                                               "b2": {"$ref": "#/components/schemas/B"}, "n": {"type": "integer"}}},
+        "B": {"type": "object", "properties": {"a1": {"$ref": "#/components/schemas/A"},
+                                               "a2": {"$ref": "#/components/schemas/A"}, "s": {"type": "string"}}},
+    }
+    with seconds(5):
+        [tool] = load_catalog(write(tmp_path, "rec.json", openapi_doc(body({"$ref": "#/components/schemas/A"}),
+                                                                       schemas=schemas)))
+    validator = argument_validator(tool.parameters)
+    assert validator.is_valid({"n": 1, "b1": {"s": "x", "a1": {"n": 2, "b2": {"s": "y"}}}})
+    assert not validator.is_valid({"b1": {"a2": {"b1": {"s": 5}}}})
+
+
+def test_ref_chains_that_nest_past_max_depth_are_refused(tmp_path):
+    schemas = {f"S{i}": {"type": "array", "items": {"$ref": f"#/components/schemas/S{i + 1}"}} for i in range(80)}
+    schemas["S80"] = {"type": "string"}
+    with seconds(5), pytest.raises(CatalogError, match=rf"deeper than {MAX_DEPTH} levels once its \$refs are inlined"):
+        load_catalog(write(tmp_path, "chain.json", openapi_doc(body({"$ref": "#/components/schemas/S0"}),
+                                                                schemas=schemas)))
+    aliases = {f"S{i}": {"$ref": f"#/components/schemas/S{i + 1}"} for i in range(200)}  # refs to refs
+    aliases["S200"] = {"type": "string"}
+    with seconds(5), pytest.raises(CatalogError, match=rf"more than {MAX_DEPTH} \$refs lead from one to the next"):
+        load_catalog(write(tmp_path, "aliases.json", openapi_doc(body({"$ref": "#/components/schemas/S0"}),
+                                                                  schemas=aliases)))
