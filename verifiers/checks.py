@@ -5,12 +5,20 @@ and replays each tool call on a fresh copy of the task's initial environment, so
 (state_diff, answer, constraints, code) rest on what the calls actually do; the process components (format,
 schema, execution, grounding, observations, required_calls) say whether the way there is one worth training
 on. Each component's result is kept: acceptance, curation and RL rewards use them separately.
+
+Whatever a trajectory holds, ``verify`` returns a verdict: messages and calls are read defensively
+(``read_messages``, ``read_call``) and what cannot be read fails the format component; what the assistant was
+told and shown is indexed as the conversation goes (``SeenValues``), so the cost is linear in its length.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import json
+import math
 import re
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +26,8 @@ from typing import Any
 from rapidfuzz import fuzz
 
 from envs import Environment, observation, parse_call
-from schemas import CheckResult, Task, Trajectory, Verdict
 from sandbox import SandboxLimits, run_check
+from schemas import CheckResult, Message, Task, Trajectory, Verdict
 
 # Strings shorter than this, or that look like identifiers, must match exactly: "O0041" vs "O0042" is a
 # different order, while a long name or title may differ in punctuation or spacing.
@@ -27,21 +35,43 @@ FUZZY_MIN_LEN = 8
 FUZZY_THRESHOLD = 90.0
 # A number standing alone: not part of an id (O0041), a date (2026-01-15) or a time of day (10:30).
 NUMBER = re.compile(r"(?<![\w.\-:/])-?\d+(?:,\d{3})*(?:\.\d+)?(?![\w:/]|\.\d|-\d)")
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})  # "developer": OpenAI's newer "system"
+# No tool takes arguments nested this deep; deeper ones are refused before the schema validator or the
+# grounding walk see them (either would recurse once per level).
+MAX_ARGUMENT_DEPTH = 64
+# How a sandbox result says the code never ran (no OS boundary on this machine): see ``refusal``.
+REFUSED = "refused"
 
 
 def normalise(text: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"[^\w@.\- ]", " ", text.lower())).strip()
 
 
-def _occurrences(expected: Any, text: str) -> int:
+class _Stated:
+    """A text read once for many expected values: its normalised form and its numbers, computed on first use
+    (a long conversation's answer text is read once, not once per expected value)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @functools.cached_property
+    def normalised(self) -> str:
+        return normalise(self.text)
+
+    @functools.cached_property
+    def numbers(self) -> list[float]:
+        return [float(t.replace(",", "")) for t in NUMBER.findall(self.text)]
+
+
+def _occurrences(expected: Any, text: str | _Stated) -> int:
     """How many times ``expected`` is stated in ``text`` (numbers with tolerance, strings normalised or fuzzy)."""
-    have = normalise(text)
+    stated = text if isinstance(text, _Stated) else _Stated(text)
     if isinstance(expected, bool):
         words = ("yes", "true") if expected else ("no", "false")
-        return sum(len(re.findall(rf"\b{w}\b", have)) for w in words)
+        return sum(len(re.findall(rf"\b{w}\b", stated.normalised)) for w in words)
     if isinstance(expected, (int, float)):
-        values = (float(t.replace(",", "")) for t in NUMBER.findall(text))
-        return sum(1 for v in values if abs(v - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9)
+        return sum(1 for v in stated.numbers if abs(v - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9)
+    have = stated.normalised
     want = normalise(str(expected))
     if not want:
         return 0
@@ -59,13 +89,14 @@ def answer_found(expected: Any, text: str) -> bool:
     return _occurrences(expected, text) > 0
 
 
-def missing_answers(expected: list[Any], text: str) -> list[Any]:
+def missing_answers(expected: list[Any], text: str | _Stated) -> list[Any]:
     """Expected values not stated; a value expected twice (two counts that are both 3) must be stated twice."""
+    stated = text if isinstance(text, _Stated) else _Stated(text)
     missing, need = [], {}
     for value in expected:
         key = json.dumps(value, sort_keys=True, default=str)
         need[key] = need.get(key, 0) + 1
-        if _occurrences(value, text) < need[key]:
+        if _occurrences(value, stated) < need[key]:
             missing.append(value)
     return missing
 
@@ -84,6 +115,9 @@ def verify(
 ) -> Verdict:
     """Check ``trajectory`` against ``task``'s verifier spec.
 
+    Never raises for what a trajectory holds: malformed messages, calls or arguments fail components (format
+    first), and the cost is linear in the conversation's length.
+
     Args:
         task: The task, with its verifier spec.
         trajectory: The conversation to judge.
@@ -92,27 +126,60 @@ def verify(
         sandbox_limits: Limits for checks expressed as code.
     """
     start = time.perf_counter()
+    try:
+        return _verify(task, trajectory, env, expected_pass, sandbox_limits, start)
+    except Exception as exc:  # noqa: BLE001 - one unforeseen input must not stop a run; the verdict says why
+        reason = f"{type(exc).__name__}: {_cut(str(exc), 300)}"
+        guard = CheckResult("verifier", False, 0.0, f"the verifier could not judge this trajectory: {reason}")
+        return _verdict(task, trajectory, expected_pass, start, [guard], f"verifier error: internal: {reason}")
+
+
+def refusal(verdict: Verdict) -> str | None:
+    """Why the verdict's code check was refused (never run, e.g. no OS sandbox on this machine), or None."""
+    prefix = f"verifier error: {REFUSED}"
+    return verdict.error.removeprefix("verifier error: ") if (verdict.error or "").startswith(prefix) else None
+
+
+def _verdict(task: Task, trajectory: Trajectory, expected_pass: bool, start: float, components: list[CheckResult],
+             error: str | None) -> Verdict:
+    return Verdict(
+        verdict_id=f"{trajectory.trajectory_id}/v",
+        trajectory_id=trajectory.trajectory_id,
+        task_id=task.task_id,
+        run_id=task.run_id,
+        batch=task.batch,
+        control=trajectory.role,
+        expected_pass=expected_pass,
+        passed=all(c.passed for c in components),
+        components=components,
+        error=error,
+        duration_s=round(time.perf_counter() - start, 6),
+    )
+
+
+def _verify(task: Task, trajectory: Trajectory, env: Environment, expected_pass: bool,
+            sandbox_limits: SandboxLimits, start: float) -> Verdict:
     if env.initial_state_hash != task.initial_state_hash:
         # The environment's code or data generator changed since the task was made: its expectations no
         # longer describe this environment, so no verdict about the trajectory can be trusted.
-        return Verdict(
-            verdict_id=f"{trajectory.trajectory_id}/v", trajectory_id=trajectory.trajectory_id, task_id=task.task_id,
-            run_id=task.run_id, batch=task.batch, control=trajectory.role, expected_pass=expected_pass, passed=False,
-            components=[CheckResult("environment", False, 0.0, "initial state hash differs from the task's")],
-            error=f"verifier error: environment drift ({task.domain} seed {task.env_seed}: "
-                  f"{env.initial_state_hash} != {task.initial_state_hash})",
-            duration_s=round(time.perf_counter() - start, 6),
-        )
+        return _verdict(task, trajectory, expected_pass, start,
+                        [CheckResult("environment", False, 0.0, "initial state hash differs from the task's")],
+                        f"verifier error: environment drift ({task.domain} seed {task.env_seed}: "
+                        f"{env.initial_state_hash} != {task.initial_state_hash})")
     checks = {c["name"]: c for c in task.verifier["checks"]}
+    messages, message_problems = read_messages(trajectory.messages)
     replay = env.fork()
     initial = replay.rows()
     components: list[CheckResult] = []
-    replayed = _replay(trajectory, replay)
+    replayed = _replay(messages, replay)
     calls = replayed.calls
 
     bad_format = [p for _, _, p in calls if p]
-    components.append(CheckResult("format", not bad_format, _ratio(len(calls) - len(bad_format), len(calls)),
-                                  "; ".join(bad_format[:3])))
+    format_score = _ratio(len(calls) - len(bad_format), len(calls))
+    if message_problems:  # a message that cannot be read: the conversation itself is malformed
+        format_score = min(format_score, _ratio(len(messages) - len(message_problems), len(messages)))
+    components.append(CheckResult("format", not bad_format and not message_problems, format_score,
+                                  "; ".join((message_problems + bad_format)[:3])))
     well_formed = len(calls) - len(bad_format)
     schema_problems = replayed.schema_problems
     components.append(CheckResult("schema", not schema_problems, _ratio(well_formed - len(schema_problems), well_formed),
@@ -146,17 +213,16 @@ def verify(
             "required_calls", not missing_calls, _ratio(len(required) - len(missing_calls), len(required)),
             "; ".join(f"{c['tool']}({json.dumps(c['args'], sort_keys=True)}) not done" for c in missing_calls[:3])))
 
-    answer_text = "\n".join(
-        m.get("content") or "" for m in trajectory.messages if m.get("role") == "assistant" and not m.get("tool_calls")
-    )
+    answer_text = "\n".join(m["content"] for m in messages if m["role"] == "assistant" and not m["tool_calls"])
     if "answer" in checks:
         expected = checks["answer"]["expected"]
-        missing = missing_answers(expected, answer_text)
+        stated = _Stated(answer_text)
+        missing = missing_answers(expected, stated)
         # A stated value counts only if the conversation produced it: a right number the assistant never
         # retrieved is a guess, and a list of every number is not an answer.
-        unsupported = [e for e in expected if e not in missing and not replayed.knows(e)]
-        claimed = [float(t.replace(",", "")) for t in NUMBER.findall(answer_text)]
-        invented = [n for n in claimed if not replayed.knows(n)]
+        seen = replayed.seen
+        unsupported = [e for e in expected if e not in missing and not seen.knows(e)]
+        invented = [n for n in stated.numbers if not seen.knows(n)]
         problems = ([f"not stated: {missing}"] if missing else []) + (
             [f"not retrieved: {unsupported}"] if unsupported else []) + (
             [f"numbers not from the conversation: {invented[:5]}"] if invented else [])
@@ -181,49 +247,328 @@ def verify(
 
     error = None
     if "code" in checks:
-        payload = {"state": final, "answer": answer_text}
-        result = run_check(checks["code"]["source"], payload, entrypoint=checks["code"].get("entrypoint", "check"),
-                           limits=sandbox_limits)
-        if result.ok:
-            value = result.value
-            passed = bool(value.get("passed")) if isinstance(value, dict) else value is True
-            detail = str(value.get("detail", "")) if isinstance(value, dict) else ""
-            components.append(CheckResult("code", passed, 1.0 if passed else 0.0, detail))
-        else:
-            error = f"verifier error: {result.error}"
-            components.append(CheckResult("code", False, 0.0, error))
+        code, error = _code_component(checks["code"], {"state": final, "answer": answer_text}, sandbox_limits)
+        components.append(code)
 
-    return Verdict(
-        verdict_id=f"{trajectory.trajectory_id}/v",
-        trajectory_id=trajectory.trajectory_id,
-        task_id=task.task_id,
-        run_id=task.run_id,
-        batch=task.batch,
-        control=trajectory.role,
-        expected_pass=expected_pass,
-        passed=all(c.passed for c in components),
-        components=components,
-        error=error,
-        duration_s=round(time.perf_counter() - start, 6),
-    )
+    return _verdict(task, trajectory, expected_pass, start, components, error)
 
 
-def remember_scalars(value: Any, strings: set[str], numbers: list[float]) -> None:
-    """Every scalar of a value an assistant was shown, lower-cased text and numbers (a list's length too:
-    "how many"); what grounding checks an argument or an answer against."""
+def _code_component(check: dict[str, Any], payload: dict[str, Any],
+                    limits: SandboxLimits) -> tuple[CheckResult, str | None]:
+    """The ``code`` component and the verifier error, if any: the check run in the sandbox on ``payload``."""
+    try:
+        json.dumps(payload, allow_nan=False)
+    except ValueError:  # the calls wrote NaN or infinity into the state: no check can be sent what it holds
+        return CheckResult("code", False, 0.0, "not run: the final state holds NaN or infinity, which JSON cannot "
+                                               "carry to the check"), None
+    result = run_check(check["source"], payload, entrypoint=check.get("entrypoint", "check"), limits=limits)
+    if result.ok:
+        passed, detail = code_verdict(result.value)
+        return CheckResult("code", passed, 1.0 if passed else 0.0, detail), None
+    error = f"verifier error: {result.error}"
+    if str(result.error or "").startswith(REFUSED):
+        # A refused check never ran (no OS boundary on this machine): it judged nothing, so it cannot pass.
+        return CheckResult("code", False, 0.0, f"not run: {result.error}"), error
+    return CheckResult("code", False, 0.0, error), error
+
+
+def code_verdict(value: Any) -> tuple[bool, str]:
+    """``(passed, detail)`` from what a code check returned: ``true``, ``false`` or ``{"passed": ..., "detail": ...}``.
+
+    Only the JSON boolean ``true`` passes: ``"false"``, ``1``, ``"true"`` or a missing field would make a
+    check's verdict depend on Python's truthiness, which a careless (or hostile) check can exploit.
+    """
     if isinstance(value, dict):
-        for v in value.values():
-            remember_scalars(v, strings, numbers)
-    elif isinstance(value, list):
-        numbers.append(float(len(value)))
-        for v in value:
-            remember_scalars(v, strings, numbers)
-    elif isinstance(value, bool) or value is None:
-        return
-    elif isinstance(value, (int, float)):
-        numbers.append(float(value))
-    else:
-        strings.add(str(value).lower())
+        given = value.get("detail", "")
+        detail = given if isinstance(given, str) else short_repr(given)
+        if "passed" not in value:
+            return False, f"the check returned no 'passed' field: {short_repr(value)}"
+        if value["passed"] is True:
+            return True, detail
+        if value["passed"] is False:
+            return False, detail
+        return False, (f"the check's 'passed' is {short_repr(value['passed'])} ({type(value['passed']).__name__}), "
+                       "not the JSON boolean true or false" + (f"; its detail: {detail}" if detail else ""))
+    if value is True:
+        return True, ""
+    if value is False:
+        return False, "the check returned false"
+    return False, (f"the check returned {short_repr(value)} ({type(value).__name__}); a check returns true, false "
+                   "or {'passed': true|false, 'detail': str}")
+
+
+def short_repr(value: Any, limit: int = 200) -> str:
+    """``repr(value)`` cut to ``limit`` characters, whatever the value holds."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an integer past Python's digit limit, a structure nested too deep
+        text = f"<{type(value).__name__} too large to show>"
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --- reading a conversation ---------------------------------------------------------------------------------------
+
+
+def message_text(content: Any) -> str | None:
+    """The text of a message's ``content``: a string, or the text parts of an OpenAI list of parts joined
+    (other parts, such as images, carry no text); None when it is neither."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                return None
+            if part["type"] == "text":
+                if not isinstance(part.get("text"), str):
+                    return None
+                texts.append(part["text"])
+        return "".join(texts)
+    return None
+
+
+def read_messages(messages: Any) -> tuple[list[Message], list[str]]:
+    """A conversation in one shape, and what is wrong with it.
+
+    Each message comes back as ``{"role", "content", "tool_calls", "tool_call_id"}``: the role (None if it
+    has none), the content as text (see ``message_text``), the tool calls as a list (on assistant turns; the
+    calls themselves are read by ``read_call``) and the id a tool message answers. A message that cannot be
+    read keeps its place as an empty turn with no role, so indices still point into the original.
+
+    Returns:
+        The messages, and one problem per malformed message ("message 3: ...").
+    """
+    if not isinstance(messages, (list, tuple)):
+        return [], [f"messages: a {type(messages).__name__}, not a list of messages"]
+    out: list[Message] = []
+    problems: list[str] = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            out.append({"role": None, "content": "", "tool_calls": [], "tool_call_id": None})
+            problems.append(f"message {i}: a {type(m).__name__}, not an object")
+            continue
+        role = m.get("role")
+        wrong = []
+        if not isinstance(role, str) or role not in ROLES:
+            wrong.append(f"role {short_repr(role, 40)} is not one of {', '.join(sorted(ROLES))}")
+            role = None
+        text = message_text(m.get("content"))
+        if text is None:
+            wrong.append(f"content is a {type(m.get('content')).__name__}, not text or a list of text parts")
+            text = ""
+        calls = m.get("tool_calls")
+        if role != "assistant" or calls is None:
+            calls = []
+        elif not isinstance(calls, list):
+            wrong.append(f"tool_calls is a {type(calls).__name__}, not a list")
+            calls = []
+        if wrong:
+            problems.append(f"message {i}: " + "; ".join(wrong))
+        out.append({"role": role, "content": text, "tool_calls": calls, "tool_call_id": m.get("tool_call_id")})
+    return out, problems
+
+
+def read_call(call: Any) -> tuple[str | None, dict[str, Any] | None, str | None]:
+    """``envs.parse_call`` for any input: ``(name, arguments, problem)``, never raising.
+
+    Arguments must be a JSON object written as a string, parsed by Python's limits (no integer over 4,300
+    digits) and nested at most ``MAX_ARGUMENT_DEPTH`` levels.
+    """
+    fn = call.get("function") if isinstance(call, dict) else None
+    raw = fn.get("arguments") if isinstance(fn, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"] else None
+    if name is not None and isinstance(raw, (bytes, bytearray)):
+        return name, None, f"Arguments of '{name}' are not valid JSON: a {type(raw).__name__}, not a string."
+    try:
+        name, args, problem = parse_call(call)
+    except RecursionError:
+        return name, None, f"Arguments of '{name}' are not valid JSON: nested too deeply."
+    except ValueError as exc:  # json's own errors are caught by parse_call; this is Python's integer digit limit
+        why = "an integer has more than 4,300 digits" if "digits" in str(exc) else _cut(str(exc), 200)
+        return name, None, f"Arguments of '{name}' are not valid JSON: {why}."
+    if problem is None and _depth(args) > MAX_ARGUMENT_DEPTH:
+        return name, None, f"Arguments of '{name}' are nested more than {MAX_ARGUMENT_DEPTH} levels deep."
+    return name, args, problem
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_ARGUMENT_DEPTH:
+                stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def call_key(value: Any) -> str:
+    """``str(value)`` for any value, never raising: the key pairing a call id with its tool message, and the
+    text of a scalar."""
+    try:
+        return value if isinstance(value, str) else str(value)
+    except (ValueError, RecursionError):
+        return f"<unreadable {type(value).__name__} id>"
+
+
+# --- what the assistant was told and shown ---------------------------------------------------------------------------
+
+
+def _close(n: float, target: float) -> bool:
+    return abs(n - target) <= 1e-6 * max(1.0, abs(target)) + 1e-9
+
+
+class _Numbers:
+    """Numbers, each with the first message it appeared in, found by tolerance (``_close``) in O(1).
+
+    A number lives in a bucket of its binary magnitude band (|x| in [2^b, 2^(b+1)), with [0, 2) as band 0)
+    of width 4e-6 · 2^b, at least the tolerance of any number of the band; a lookup reads the few buckets its
+    tolerance window touches, in its band and where the window crosses into a neighbour, and compares exactly.
+    """
+
+    def __init__(self) -> None:
+        self._exact: dict[float, int] = {}
+        self._buckets: dict[tuple[int, int], dict[float, int]] = {}
+
+    @staticmethod
+    def _band(x: float) -> int:
+        return math.frexp(max(1.0, abs(x)))[1] - 1
+
+    def add(self, x: float, at: int) -> None:
+        if not math.isfinite(x):
+            return
+        if x in self._exact and self._exact[x] <= at:
+            return
+        self._exact[x] = at
+        band = self._band(x)
+        self._buckets.setdefault((band, math.floor(x / math.ldexp(4e-6, band))), {})[x] = at
+
+    def has(self, target: float, before: int | None = None) -> bool:
+        """Whether a number within tolerance of ``target`` appeared (before message ``before``, if given)."""
+        if not math.isfinite(target):
+            return False
+        at = self._exact.get(target)
+        if at is not None and (before is None or at < before):
+            return True
+        tol = 1e-6 * max(1.0, abs(target)) + 1e-9
+        band = self._band(target)
+        bands = [band]
+        if band > 0 and abs(target) - tol < math.ldexp(1.0, band):
+            bands.append(band - 1)
+        if band < 1023 and abs(target) + tol >= math.ldexp(1.0, band + 1):  # 2^1024 is past float range
+            bands.append(band + 1)
+        # the window's ends, kept finite next to the largest float
+        low, high = max(target - tol, -sys.float_info.max), min(target + tol, sys.float_info.max)
+        for b in bands:
+            width = math.ldexp(4e-6, b)
+            for key in range(math.floor(low / width) - 1, math.floor(high / width) + 2):
+                for n, first in self._buckets.get((b, key), {}).items():
+                    if _close(n, target) and (before is None or first < before):
+                        return True
+        return False
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range is no number anyone was shown
+        return None
+
+
+class SeenValues:
+    """What an assistant was told (the user's words) and shown (tool results), each with the message index
+    where it first appeared; grounding and answer checks ask it whether a value could come from there.
+
+    Every lookup costs O(1) in the conversation's length (numbers by tolerance bucket, strings by hash, the
+    user's words by a substring search cached per value and continued only over newly added text), so
+    verifying a conversation is linear in its length rather than quadratic.
+    """
+
+    def __init__(self) -> None:
+        self._strings: dict[str, int] = {}  # lower-cased scalar text of tool results
+        self._numbers = _Numbers()  # numbers of tool results, and the length of every list ("how many")
+        self._user_numbers = _Numbers()  # numbers standing alone in the user's words
+        self._user = bytearray()  # the user's words, lower-cased, UTF-8, each message after a newline
+        self._user_ends: list[tuple[int, int]] = []  # (message index, length of ``_user`` after it)
+        self._found: dict[bytes, tuple[int | None, int]] = {}  # needle -> (first match end, searched up to)
+
+    def tell(self, text: str, at: int) -> None:
+        """The user said ``text`` in message ``at``."""
+        self._user += ("\n" + text).lower().encode("utf-8", "surrogatepass")
+        self._user_ends.append((at, len(self._user)))
+        for t in NUMBER.findall(text):
+            self._user_numbers.add(float(t.replace(",", "")), at)
+
+    def show(self, value: Any, at: int) -> None:
+        """A tool result ``value`` reached the assistant in message ``at``: remember each scalar."""
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, dict):
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                self._numbers.add(float(len(v)), at)
+                stack.extend(v)
+            elif isinstance(v, bool) or v is None:
+                continue
+            elif isinstance(v, (int, float)):
+                n = _number(v)
+                if n is not None:
+                    self._numbers.add(n, at)
+            else:
+                text = call_key(v).lower()
+                if self._strings.get(text, at + 1) > at:
+                    self._strings[text] = at
+
+    def knows(self, value: Any, default: Any = None, *, user: bool = True, before: int | None = None) -> bool:
+        """Whether the assistant could have taken ``value`` (every scalar of it) from what it was shown, or
+        with ``user`` told, before message ``before`` (None: so far); the parameter's ``default`` needs no source."""
+        if isinstance(value, bool) or value is None or value == default:
+            return True
+        stack = [value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, bool) or v is None:
+                continue
+            if isinstance(v, dict):
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                stack.extend(v)
+            elif isinstance(v, (int, float)):
+                n = _number(v)
+                if n is None or not (self._numbers.has(n, before) or user and self._user_numbers.has(n, before)):
+                    return False
+            else:
+                text = call_key(v).lower()
+                first = self._strings.get(text)
+                if not (first is not None and (before is None or first < before)
+                        or user and self.said(text, before)):
+                    return False
+        return True
+
+    def said(self, text: str, before: int | None = None) -> bool:
+        """Whether ``text`` is in the user's words (case-insensitive; before message ``before``, if given)."""
+        needle = text.lower().encode("utf-8", "surrogatepass")
+        if not needle:
+            return True
+        end, searched = self._found.get(needle, (None, 0))
+        if end is None and searched < len(self._user):
+            pos = self._user.find(needle, max(0, searched - len(needle) + 1))
+            end = None if pos < 0 else pos + len(needle)
+            self._found[needle] = (end, len(self._user))
+        if end is None:
+            return False
+        if before is None:
+            return True
+        k = bisect.bisect_left(self._user_ends, (before, -1))
+        return end <= (self._user_ends[k - 1][1] if k else 0)
+
 
 @dataclass
 class _Replay:
@@ -235,41 +580,22 @@ class _Replay:
     ungrounded: list[str] = field(default_factory=list)
     mismatched_observations: list[str] = field(default_factory=list)
     succeeded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    strings: set[str] = field(default_factory=set)  # lower-cased scalar text seen by the assistant
-    numbers: list[float] = field(default_factory=list)
-    user_text: str = ""
-
-    def see(self, value: Any) -> None:
-        """Remember every scalar of a tool result (and the length of every list: "how many")."""
-        remember_scalars(value, self.strings, self.numbers)
-
-    def knows(self, value: Any, default: Any = None) -> bool:
-        """Whether the assistant could have taken ``value`` from what it was told or shown."""
-        if isinstance(value, bool) or value is None or value == default:
-            return True
-        if isinstance(value, (int, float)):
-            target = float(value)
-            close = lambda n: abs(n - target) <= 1e-6 * max(1.0, abs(target)) + 1e-9  # noqa: E731
-            return any(close(n) for n in self.numbers) or any(
-                close(float(t.replace(",", ""))) for t in NUMBER.findall(self.user_text))
-        if isinstance(value, (list, dict)):
-            items = value.values() if isinstance(value, dict) else value
-            return all(self.knows(v) for v in items)
-        text = str(value).lower()
-        return text in self.strings or text in self.user_text.lower()
+    seen: SeenValues = field(default_factory=SeenValues)
 
 
-def _replay(trajectory: Trajectory, env: Environment) -> _Replay:
-    """Re-execute the assistant's calls in conversation order on ``env``, checking each against what came before."""
+def _replay(messages: list[Message], env: Environment) -> _Replay:
+    """Re-execute the assistant's calls in conversation order on ``env``, checking each against what came
+    before. ``messages`` are as ``read_messages`` returns them."""
     out = _Replay()
     results: dict[str, str] = {}
-    for message in trajectory.messages:
-        role = message.get("role")
+    shown: set[str] = set()  # results already remembered: a repeated lookup adds nothing new to the evidence
+    for k, message in enumerate(messages):
+        role = message["role"]
         if role == "user":
-            out.user_text += "\n" + (message.get("content") or "")
+            out.seen.tell(message["content"], k)
         elif role == "assistant":
-            for call in message.get("tool_calls") or []:
-                name, args, problem = parse_call(call)
+            for call in message["tool_calls"]:
+                name, args, problem = read_call(call)
                 out.calls.append((name, args, problem))
                 if problem:
                     out.errors.append(problem)
@@ -279,23 +605,27 @@ def _replay(trajectory: Trajectory, env: Environment) -> _Replay:
                     out.schema_problems.append(invalid)
                 props = env.specs[name].record.parameters["properties"] if name in env.specs else {}
                 for param, value in args.items():
-                    if not out.knows(value, props.get(param, {}).get("default")):
-                        out.ungrounded.append(f"{name}.{param}={value!r}")
-                result, error = env.execute(name, args)
+                    if not out.seen.knows(value, props.get(param, {}).get("default")):
+                        out.ungrounded.append(f"{name}.{param}={short_repr(value)}")
+                # an invalid call is refused by ``execute`` with the same message, without validating it twice
+                result, error = (None, invalid) if invalid else env.execute(name, args)
+                written = observation(result, error)
                 if error:
                     out.errors.append(f"{name}: {error}")
                 else:
-                    out.see(result)
+                    if written not in shown:
+                        shown.add(written)
+                        out.seen.show(result, k)
                     out.succeeded.append((name, args))
-                results[str(call.get("id"))] = observation(result, error)
+                results[call_key(call.get("id"))] = written
         elif role == "tool":
-            call_id = str(message.get("tool_call_id"))
+            call_id = call_key(message["tool_call_id"])
             expected = results.pop(call_id, None)
             if expected is None:
-                out.mismatched_observations.append(f"tool message for unknown call {call_id}")
-            elif not _same_json(message.get("content"), expected):
-                out.mismatched_observations.append(f"tool message for {call_id} differs from the real result")
-    out.mismatched_observations += [f"no tool message for call {c}" for c in results]
+                out.mismatched_observations.append(f"tool message for unknown call {_cut(call_id, 60)}")
+            elif not _same_json(message["content"], expected):
+                out.mismatched_observations.append(f"tool message for {_cut(call_id, 60)} differs from the real result")
+    out.mismatched_observations += [f"no tool message for call {_cut(c, 60)}" for c in results]
     return out
 
 
@@ -317,10 +647,12 @@ def _unmatched(required: list[dict[str, Any]], done: list[tuple[str, dict[str, A
     return missing
 
 
-def _same_json(a: Any, b: str) -> bool:
+def _same_json(a: str, b: str) -> bool:
+    if a == b:
+        return True
     try:
         return json.loads(a) == json.loads(b)
-    except (TypeError, json.JSONDecodeError):
+    except (TypeError, ValueError, RecursionError):  # not JSON, an integer past the digit limit, nested too deep
         return False
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from envs import Environment
 from schemas import Task, Verdict
+from verifiers.checks import refusal
 
 CONTROL_KINDS = ("no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step", "extra_write")
 
@@ -93,7 +94,16 @@ def accept(reference: Verdict, controls: list[Verdict]) -> tuple[bool, str | Non
     """Decide whether a task's verifier is trustworthy: it passes the reference and rejects every control
     *on outcome*. Process components (required calls, grounding) would reject any departure from the
     reference; a task is only worth keeping if what the user gets already tells good from bad, e.g. not a
-    task whose answer is in the request itself."""
+    task whose answer is in the request itself.
+
+    A task whose code check was refused (no OS sandbox on this machine) is not accepted: its verifier was
+    never run in full, so nothing says it tells good from bad; the reason names the refusal and what to
+    install, and the run goes on with the other tasks."""
+    refused = refusal(reference)
+    if refused is not None:
+        others = [c.name for c in reference.components if not c.passed and c.name != "code"]
+        also = f"; the reference also failed: {', '.join(others)}" if others else ""
+        return False, f"code check not run ({refused}){also}"
     if not reference.passed:
         failed = [c.name for c in reference.components if not c.passed]
         return False, f"reference trajectory failed its verifier: {', '.join(failed)}"

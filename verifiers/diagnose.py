@@ -65,9 +65,19 @@ from typing import Any, Literal, get_args
 
 import jsonschema
 
-from envs import DOMAINS, ToolSpec, parse_call
+from envs import DOMAINS, ToolSpec
+from envs.base import argument_validator
 from schemas import Task, Trajectory, Verdict
-from verifiers.checks import NUMBER, _occurrences, answer_found, remember_scalars
+from verifiers.checks import (
+    NUMBER,
+    SeenValues,
+    _occurrences,
+    answer_found,
+    call_key,
+    read_call,
+    read_messages,
+    short_repr,
+)
 
 Label = Literal[
     "format_error", "unknown_tool", "looping", "invalid_arguments", "wrong_tool", "wrong_argument",
@@ -170,23 +180,23 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
     private_param = {(i, p) for i, s in enumerate(task.reference_plan) for p in s.private}
     plan_tools = {r["tool"] for r in required}
     offered = set(trajectory.tools or []) or set(specs)
-    messages = trajectory.messages
+    messages, _ = read_messages(trajectory.messages)  # malformed messages are the verdict's format problems
 
     calls = _calls(messages, specs, offered)
     _align(calls, required, specs)
 
     # What the assistant could see before each message: user text and tool results (as the verifier counts).
-    seen = _Seen()
-    seen_before: dict[int, _Seen] = {}  # per assistant message
+    seen = SeenValues()
+    seen_before: dict[int, _Before] = {}  # per assistant message
     for k, m in enumerate(messages):
         if m.get("role") == "assistant":
-            seen_before[k] = seen.copy()
+            seen_before[k] = _Before(seen, k)
         elif m.get("role") == "user":
-            seen.user_text += "\n" + (m.get("content") or "")
+            seen.tell(m.get("content") or "", k)
         elif m.get("role") == "tool":
             try:
-                seen.see(json.loads(m.get("content") or "null"))
-            except (TypeError, json.JSONDecodeError):
+                seen.show(json.loads(m.get("content") or "null"), k)
+            except (TypeError, ValueError, RecursionError):  # not JSON, past the digit limit, nested too deep
                 pass
 
     # format_error
@@ -231,7 +241,7 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
         for p in params:
             guessed = None
             if p is not None and (c.required, p) in private_param:
-                guessed = str(exp.get(p)).lower() not in seen_before[c.message].user_text.lower()
+                guessed = not seen_before[c.message].said(str(exp.get(p)))
             add("wrong_argument", call=c.index, message=c.message, tool=c.name, step=step_of.get(c.required),
                 param=p, expected=exp.get(p) if p else want["args"], got=got.get(p) if p else c.args,
                 guessed_private=guessed, detail=detail)
@@ -370,38 +380,25 @@ def dominant_weakness(diagnoses: Iterable[Diagnosis]) -> str | None:
 # --- helpers -------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Seen:
-    """Scalars the assistant has been shown (mirrors ``verifiers.checks``' grounding: user text, tool results,
-    list lengths)."""
+@dataclass(frozen=True)
+class _Before:
+    """What the assistant had been told and shown before message ``at`` (as ``verifiers.checks`` grounds: user
+    text, tool results, list lengths); a view of one ``SeenValues`` for the whole conversation, not a copy."""
 
-    strings: set[str] = field(default_factory=set)
-    numbers: list[float] = field(default_factory=list)
-    user_text: str = ""
+    seen: SeenValues
+    at: int
 
-    def copy(self) -> _Seen:
-        return _Seen(set(self.strings), list(self.numbers), self.user_text)
-
-    def see(self, value: Any) -> None:
-        remember_scalars(value, self.strings, self.numbers)
-
-    def knows(self, value: Any, *, user: bool = True) -> bool:
-        """Whether ``value`` was in a tool result (or, with ``user``, in the user's words)."""
-        if isinstance(value, bool) or value is None:
-            return True
-        if isinstance(value, (int, float)):
-            target = float(value)
-            close = lambda n: abs(n - target) <= 1e-6 * max(1.0, abs(target)) + 1e-9  # noqa: E731
-            return any(close(n) for n in self.numbers) or (user and any(close(n) for n in _numbers(self.user_text)))
-        if isinstance(value, (list, dict)):
-            items = value.values() if isinstance(value, dict) else value
-            return all(self.knows(v, user=user) for v in items)
-        text = str(value).lower()
-        return text in self.strings or (user and text in self.user_text.lower())
+    def knows(self, value: Any) -> bool:
+        """Whether ``value`` was in a tool result or in the user's words."""
+        return self.seen.knows(value, before=self.at)
 
     def shown(self, value: Any) -> bool:
         """Whether ``value`` was in a tool result."""
-        return self.knows(value, user=False)
+        return self.seen.knows(value, user=False, before=self.at)
+
+    def said(self, text: str) -> bool:
+        """Whether the user's words held ``text``."""
+        return self.seen.said(text, before=self.at)
 
 
 def _numbers(text: str) -> list[float]:
@@ -423,16 +420,17 @@ def _calls(messages: list[dict[str, Any]], specs: dict[str, ToolSpec], offered: 
     results: dict[str, str] = {}
     for m in messages:
         if m.get("role") == "tool":
-            results[str(m.get("tool_call_id"))] = m.get("content") or ""
+            results[call_key(m.get("tool_call_id"))] = m.get("content") or ""
     out: list[_Call] = []
     for k, m in enumerate(messages):
         if m.get("role") != "assistant":
             continue
         for call in m.get("tool_calls") or []:
-            name, args, problem = parse_call(call)
+            name, args, problem = read_call(call)
             fn = call.get("function") if isinstance(call, dict) else None
-            raw = str((fn or {}).get("arguments")) if isinstance(fn, dict) else repr(call)
-            error = _error(results.get(str(call.get("id"))) if isinstance(call, dict) else None)
+            written = fn.get("arguments") if isinstance(fn, dict) else call
+            raw = written if isinstance(written, str) else short_repr(written, 2000)
+            error = _error(results.get(call_key(call.get("id"))) if isinstance(call, dict) else None)
             if problem:
                 status, error = "malformed", problem
             elif (specs and name not in specs) or (offered and name not in offered) or (
@@ -454,7 +452,7 @@ def _error(content: str | None) -> str | None:
         return None
     try:
         data = json.loads(content)
-    except (TypeError, json.JSONDecodeError):
+    except (TypeError, ValueError, RecursionError):
         return None
     return str(data["error"]) if isinstance(data, dict) and set(data) == {"error"} else None
 
@@ -465,7 +463,7 @@ _VALIDATORS: dict[tuple[str, str], jsonschema.Draft202012Validator] = {}
 def _schema_problem(spec: ToolSpec, args: dict[str, Any]) -> str | None:
     key = (spec.record.domain, spec.name)
     if key not in _VALIDATORS:
-        _VALIDATORS[key] = jsonschema.Draft202012Validator(spec.record.parameters)
+        _VALIDATORS[key] = argument_validator(spec.record.parameters)
     error = jsonschema.exceptions.best_match(_VALIDATORS[key].iter_errors(args))
     if error is None:
         return None

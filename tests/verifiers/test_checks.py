@@ -8,7 +8,11 @@ Specified here:
 * the verdict comes from replaying the calls, not from the tool results written in the transcript;
 * malformed tool calls give failed format / schema / execution components, never an exception;
 * a code check that reads /etc/passwd yields a failed verdict with a "forbidden" verifier error, and
-  verification keeps working afterwards.
+  verification keeps working afterwards;
+* a code check passes only when it returns the JSON boolean ``true`` (bare, or as ``"passed"``), and a
+  refused one (no OS sandbox on the machine) fails ``code`` as not run and keeps its task out of the corpus;
+* verification's work grows linearly with the conversation's length (counted, not timed).
+(``test_checks_fuzz.py`` fuzzes ``verify`` with malformed trajectories.)
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import copy
 import dataclasses
 import json
 import random
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,8 +32,8 @@ from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
 from generators.tasks import _Step, build_task, code_check_source, sample_tasks
 from schemas import TABLES, Task, Trajectory, Verdict
-from verifiers.checks import answer_found, verify
-from verifiers.controls import make_controls
+from verifiers.checks import NUMBER, answer_found, verify
+from verifiers.controls import accept, make_controls
 
 DOMAIN_NAMES = sorted(DOMAINS)
 COMPONENTS = ["format", "schema", "execution", "grounding", "observations", "state_diff", "required_calls",
@@ -459,3 +465,112 @@ def test_a_generated_code_check_passes_the_reference_and_rejects_the_no_op(cases
     no_op = next(t for s, t in case.controls if s["kind"] == "no_op")
     failed = verify(task, no_op, case.env, expected_pass=False)
     assert not failed.components[-1].passed and failed.error is None
+
+
+@pytest.mark.parametrize(
+    "returned, passes",
+    [
+        ("True", True),
+        ("{'passed': True, 'detail': 'fine'}", True),
+        ("False", False),
+        ("{'passed': False}", False),
+        ("{'passed': 'false'}", False),
+        ("{'passed': 'true'}", False),
+        ("{'passed': 1}", False),
+        ("{'passed': None}", False),
+        ("{'passed': [True]}", False),
+        ("{'detail': 'no verdict at all'}", False),
+        ("{}", False),
+        ("1", False),
+        ("'true'", False),
+        ("[True]", False),
+        ("None", False),
+    ],
+)
+def test_a_code_check_passes_only_on_the_json_boolean_true(cases, returned: str, passes: bool) -> None:
+    """Truthiness is not a verdict: ``{"passed": "false"}`` is a non-empty string, and must not pass."""
+    case = cases["retail"][0]
+    verdict = verify(_with_code(case.task, f"def check(payload):\n    return {returned}\n"), case.reference, case.env)
+    code = verdict.components[-1]
+    assert code.name == "code" and code.passed is passes and verdict.passed is passes, (returned, code)
+    assert verdict.error is None  # a check that ran and said no is a verdict, not a verifier error
+    if not passes and returned not in ("False", "{'passed': False}"):
+        assert "the check" in code.detail and ("returned" in code.detail or "'passed'" in code.detail), code.detail
+    TABLES["verdicts"].validate(verdict.to_row())
+
+
+def test_a_refused_code_check_is_not_run_and_its_task_is_not_accepted(cases, monkeypatch) -> None:
+    """On a machine where the sandbox cannot be built (here: no bubblewrap), a code check is refused: its
+    component fails as not run, saying what to install, the other components are still computed, and
+    acceptance names the refusal instead of blaming the reference."""
+    case = cases["retail"][0]
+    task = _with_code(case.task, code_check_source(case.task.expected_diff, case.task.expected_answer)
+                      or "def check(payload):\n    return True\n")
+    monkeypatch.setenv("SYNTHLOOP_BWRAP", "/nonexistent/bwrap")
+    ref = verify(task, case.reference, case.env)
+    controls = [verify(task, traj, case.env, expected_pass=False) for _, traj in case.controls]
+    code = ref.components[-1]
+    assert code.name == "code" and not code.passed and code.score == 0.0
+    assert code.detail.startswith("not run: refused: ") and "bubblewrap" in code.detail, code.detail
+    assert ref.error is not None and ref.error.startswith("verifier error: refused"), ref.error
+    assert all(c.passed for c in ref.components[:-1])  # the rest of the verifier still ran
+    accepted, reason = accept(ref, controls)
+    assert not accepted
+    assert reason.startswith("code check not run (refused: ") and "install" in reason, reason
+    TABLES["verdicts"].validate(ref.to_row())
+
+
+# --- cost linear in the conversation's length -------------------------------------------------------------------------
+
+
+def _padded(case: Case, n_messages: int) -> Trajectory:
+    """The reference grown to ``n_messages`` by rounds of "check again": a numbered user turn, the first
+    read-only call again with its real result, and an assistant turn restating it and the user's number
+    (every padded value is grounded, so each part of the verifier does its full work)."""
+    messages = case.reference.messages
+    at = _numeric_read(case) + 1
+    call, result = messages[at - 1]["tool_calls"][0], messages[at]["content"]
+    extra = []
+    for k in range((n_messages - len(messages)) // 4):
+        extra += [{"role": "user", "content": f"Could you check that again, please? (try {k + 1})"},
+                  {"role": "assistant", "content": "", "tool_calls": [{**call, "id": f"again_{k}"}]},
+                  {"role": "tool", "tool_call_id": f"again_{k}", "name": call["function"]["name"], "content": result},
+                  {"role": "assistant", "content": f"This is check number {k + 1}; unchanged: {result}"}]
+    return dataclasses.replace(case.reference, messages=messages[: at + 1] + extra + messages[at + 1:])
+
+
+def _numeric_read(case: Case) -> int | None:
+    """Index of the reference's first turn with one read-only call whose result holds three numbers or more."""
+    messages = case.reference.messages
+    return next((i for i, m in enumerate(messages) if len(m.get("tool_calls") or []) == 1
+                 and not case.env.specs[m["tool_calls"][0]["function"]["name"]].mutates
+                 and len(NUMBER.findall(messages[i + 1]["content"])) >= 3), None)
+
+
+def _python_calls(fn: Callable[[], Any]) -> int:
+    """How many Python function calls ``fn()`` makes: a measure of work that does not depend on the machine."""
+    count = 0
+
+    def hook(frame, event, arg) -> None:  # noqa: ANN001
+        nonlocal count
+        count += event == "call"
+
+    sys.setprofile(hook)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_the_work_of_verifying_grows_linearly_with_the_conversation(cases) -> None:
+    """Five times the messages, about five times the work: matching each stated number against every number
+    seen so far (or re-reading the whole user text per argument) made it 25 times."""
+    case = next(c for c in cases["retail"] if _numeric_read(c) is not None)
+    short, long = _padded(case, 1000), _padded(case, 5000)
+    verdicts = {}
+    work = {n: _python_calls(lambda t=t, n=n: verdicts.__setitem__(n, verify(case.task, t, case.env)))
+            for n, t in ((1000, short), (5000, long))}
+    assert work[5000] / work[1000] < 7.5, work  # linear: ~5; quadratic: ~25
+    # the long conversation was judged in full: only the call budget is broken
+    assert _failed(verdicts[5000]) == {"constraints"}, verdicts[5000].components
