@@ -8,8 +8,10 @@ run as a separate process that shares no Python state with the caller, inside:
   site-packages) and whatever the caller lists read-only, plus one private, size-capped tmpfs as the only
   writable place; no nested user namespaces; every process dies with the caller (`--die-with-parent`,
   and pid 1 of the namespace takes the rest with it);
-- **seccomp** (a libseccomp filter, loaded before the untrusted code): no new processes, no ptrace, no
-  mounts, namespaces, keyrings, bpf or kernel modules; one-shot checks also get no exec and no sockets;
+- **seccomp** (a libseccomp filter bubblewrap loads before it starts anything): no new processes, no ptrace,
+  no mounts, namespaces, keyrings, bpf or kernel modules, no kernel memory that no limit counts (xattrs, SysV
+  IPC); one-shot checks also get no threads and no sockets, and cannot load ctypes or other native escape
+  hatches (their files are not there);
 - **rlimits**: CPU seconds, address space, file size, open files (processes too for one-shot code);
 - a wall-clock kill from the caller.
 
@@ -51,8 +53,13 @@ SETUP_EXIT = 98
 _BWRAP_ENV = "SYNTHLOOP_BWRAP"
 # Modules the one-shot check runner imports before any untrusted code; their shared objects are made visible.
 PREIMPORTS = ("json", "math", "re", "collections", "itertools", "functools", "statistics", "datetime", "decimal",
-              "fractions", "string", "operator", "heapq", "bisect", "copy", "unicodedata", "_strptime", "ctypes",
-              "resource")
+              "fractions", "string", "operator", "heapq", "bisect", "copy", "unicodedata", "_strptime")
+# The runtime made visible is what these map: programs in `python` mode (plugins) may use ctypes and threads.
+_EXPOSED_MODULES = (*PREIMPORTS, "resource", "ctypes", "threading", "select")
+# Extension modules a one-shot check never needs and a subverted one would use (ctypes gives raw memory access):
+# in check mode they are replaced by an empty file, so not even a bypass of the guard can load them.
+_HIDDEN_FROM_CHECKS = ("_ctypes", "mmap", "_posixsubprocess", "_socket", "fcntl", "_multiprocessing", "select",
+                       "termios", "_posixshmem", "_ssl", "_asyncio", "_queue", "_lsprof")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -88,19 +95,20 @@ class Limits:
 class Policy:
     """What the seccomp filter allows besides ordinary computation.
 
+    `execve` is always allowed: bubblewrap loads the filter before it starts the launcher, and the root holds
+    nothing to exec but the interpreter, which inherits every layer.
+
     Attributes:
-        exec: `execve` allowed (a server binary started through the launcher); never for one-shot code.
         unix_sockets: AF_UNIX sockets allowed (some runtimes use socketpairs internally); never IP sockets.
         threads: threads allowed (RLIMIT_NPROC stays unset, since the kernel counts threads as processes).
     """
 
-    exec: bool = False
     unix_sockets: bool = False
     threads: bool = False
 
 
 ONE_SHOT = Policy()
-SERVER = Policy(exec=True, unix_sockets=True, threads=True)
+SERVER = Policy(unix_sockets=True, threads=True)
 
 # Killed on sight in every policy: what escapes or weakens a sandbox, never what computation needs.
 _ALWAYS_KILL = (
@@ -109,14 +117,18 @@ _ALWAYS_KILL = (
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "iopl",
     "ioperm", "open_by_handle_at", "name_to_handle_at", "pidfd_getfd", "syslog", "settimeofday", "clock_settime",
-    "adjtimex", "sethostname", "setdomainname", "vhangup", "personality",
+    "adjtimex", "sethostname", "setdomainname", "vhangup", "personality", "modify_ldt",
 )
+# Refused with EPERM: kernel memory that no rlimit or tmpfs size counts (extended attributes, SysV and POSIX IPC),
+# per-user kernel objects shared with the caller (inotify/fanotify instances), host mount details, host-wide I/O.
+_ALWAYS_REFUSE = ("setxattr", "lsetxattr", "fsetxattr", "setxattrat", "shmget", "msgget", "semget", "mq_open",
+                  "inotify_init", "inotify_init1", "fanotify_init", "statmount", "listmount", "sync", "syncfs")
 _CLONE_THREAD = 0x00010000
 _AF_UNIX = 1
 
 
 def _seccomp_program(policy: Policy) -> bytes:
-    """Compiles the policy with libseccomp (through pyseccomp) into a BPF program the launcher loads."""
+    """Compiles the policy with libseccomp (through pyseccomp) into the BPF program bubblewrap loads."""
     try:
         import pyseccomp as sc
     except (ImportError, OSError, RuntimeError) as exc:  # pyseccomp raises at import when libseccomp is missing
@@ -127,14 +139,17 @@ def _seccomp_program(policy: Policy) -> bytes:
     for name in _ALWAYS_KILL:
         with contextlib.suppress(RuntimeError, ValueError, OSError):  # a syscall this architecture lacks
             f.add_rule(kill, name)
-    f.add_rule(kill, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # a clone that is not a thread
+    for name in _ALWAYS_REFUSE:
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # names this libseccomp does not know yet
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+    if policy.threads:
+        f.add_rule(kill, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # a clone that is not a thread
+    else:  # root's processes are exempt from RLIMIT_NPROC, so threads are refused here too
+        f.add_rule(kill, "clone")
     # clone3 passes its flags in memory, where seccomp cannot look: refuse it so libc falls back to clone.
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):  # bypasses seccomp for its ops
         f.add_rule(sc.ERRNO(errno.ENOSYS), name)
-    if not policy.exec:
-        f.add_rule(kill, "execve")
-        f.add_rule(kill, "execveat")
     if policy.unix_sockets:
         f.add_rule(kill, "socket", sc.Arg(0, sc.NE, _AF_UNIX))
     else:
@@ -228,7 +243,7 @@ def _python_runtime() -> tuple[tuple[str, ...], str, str]:
     """
     exe = python_executable()
     probe = ("import sys, sysconfig\n"
-             f"import {', '.join(PREIMPORTS)}\n"
+             f"import {', '.join(_EXPOSED_MODULES)}\n"
              "paths = sysconfig.get_paths()\n"
              "print(paths['stdlib']); print(paths['purelib'])\n"
              "print('\\n'.join(sorted({l.split()[-1] for l in open('/proc/self/maps') if ' /' in l})))\n")
@@ -265,7 +280,7 @@ class Spec:
     (no exec needed, so `ONE_SHOT` suffices); `check`: the one-shot check runner (see `oneshot`)."""
 
 
-def _bwrap_args(bwrap: str, spec: Spec, inputs: str) -> list[str]:
+def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int) -> list[str]:
     mapped, stdlib, purelib = _python_runtime()
     tree = _Tree()
     exe = python_executable()
@@ -273,23 +288,39 @@ def _bwrap_args(bwrap: str, spec: Spec, inputs: str) -> list[str]:
     for path in (exe, *( [interp] if interp else []), *mapped, stdlib, *spec.read_only):
         tree.expose(path)
     tree.add_sibling_links(mapped)
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+    args = [bwrap, "--seccomp", str(seccomp_fd), "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL", "--hostname", "sandbox", "--uid", "1000", "--gid", "1000", "--clearenv"]
     args += tree.args()
     if purelib.startswith(stdlib.rstrip("/") + "/") and os.path.isdir(purelib):
         args += ["--tmpfs", purelib]  # site-packages of the base interpreter: not the standard library
+    if spec.mode == "check":
+        dynload = os.path.join(stdlib, "lib-dynload")
+        with contextlib.suppress(OSError):
+            for entry in sorted(os.listdir(dynload)):
+                if entry.split(".", 1)[0] in _HIDDEN_FROM_CHECKS:
+                    args += ["--ro-bind", "/dev/null", os.path.join(dynload, entry)]
     for node in ("null", "zero", "full", "random", "urandom"):  # bwrap's --dev would add a writable /dev/shm
         args += ["--dev-bind", f"/dev/{node}", f"/dev/{node}"]
     args += ["--ro-bind", inputs, INPUT,
              "--ro-bind", str(_LAUNCHER), f"{_LIB}/launcher.py",
              "--ro-bind", str(_CHECK_RUNNER), f"{_LIB}/check_runner.py",
-             "--size", str(spec.limits.disk_mb << 20), "--tmpfs", WORK, "--chdir", WORK,
-             "--remount-ro", "/"]  # bwrap's root is itself a tmpfs, writable and uncapped unless made read-only
+             "--size", str(spec.limits.disk_mb << 20), "--tmpfs", WORK, "--chdir", WORK]
+    if spec.mode == "check":  # the payload is readable in the check's own folder, without counting against it
+        args += ["--ro-bind", os.path.join(inputs, "payload.json"), f"{WORK}/payload.json"]
+    args += ["--remount-ro", "/"]  # bwrap's root is itself a tmpfs, writable and uncapped unless made read-only
     for key, value in (("HOME", WORK), ("TMPDIR", WORK), ("LANG", "C.UTF-8"), *spec.env):
         args += ["--setenv", key, value]
-    launch = {"mode": spec.mode, "argv": list(spec.argv), "seccomp": f"{INPUT}/.seccomp.bpf",
-              "limits": asdict(spec.limits), "threads": spec.policy.threads, "preimports": PREIMPORTS}
+    launch = {"mode": spec.mode, "argv": list(spec.argv), "limits": asdict(spec.limits), "threads": spec.policy.threads, "preimports": PREIMPORTS}
     return args + ["--", exe, "-I", "-S", f"{_LIB}/launcher.py", json.dumps(launch)]
+
+
+@contextlib.contextmanager
+def _filter_fd(policy: Policy) -> Iterator[int]:
+    """A descriptor holding the compiled filter, for bwrap's `--seccomp` (it reads it before starting anything)."""
+    with tempfile.TemporaryFile() as f:
+        f.write(_program(policy))
+        f.seek(0)
+        yield f.fileno()
 
 
 @contextlib.contextmanager
@@ -306,13 +337,14 @@ def sandboxed(spec: Spec, **popen) -> Iterator[subprocess.Popen]:
     bwrap = _require()
     inputs = tempfile.mkdtemp(prefix="synthloop-sandbox-")
     try:
-        for name, data in ((".seccomp.bpf", _program(spec.policy)), *spec.files):
+        for name, data in spec.files:
             if "/" in name or name in ("", ".", ".."):
                 raise ValueError(f"sandbox input file names are plain names, not {name!r}")
             with open(os.path.join(inputs, name), "wb") as f:
                 f.write(data)
-        argv = _bwrap_args(bwrap, spec, inputs)
-        proc = subprocess.Popen(argv, env={}, cwd="/", start_new_session=True, **popen)
+        with _filter_fd(spec.policy) as fd:
+            proc = subprocess.Popen(_bwrap_args(bwrap, spec, inputs, fd), env={}, cwd="/", start_new_session=True,
+                                    pass_fds=(fd,), **popen)
         try:
             yield proc
         finally:
@@ -344,13 +376,11 @@ def _probe(bwrap: str | None) -> Availability:
                                    "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`")
     spec = Spec(argv=(), mode="probe")
     try:
-        _program(spec.policy)
         inputs = tempfile.mkdtemp(prefix="synthloop-sandbox-probe-")
         try:
-            with open(os.path.join(inputs, ".seccomp.bpf"), "wb") as f:
-                f.write(_program(spec.policy))
-            done = subprocess.run(_bwrap_args(bwrap, spec, inputs), env={}, cwd="/", capture_output=True,
-                                  timeout=60)
+            with _filter_fd(spec.policy) as fd:
+                done = subprocess.run(_bwrap_args(bwrap, spec, inputs, fd), env={}, cwd="/", capture_output=True,
+                                      timeout=60, pass_fds=(fd,))
         finally:
             shutil.rmtree(inputs, ignore_errors=True)
     except SandboxUnavailable as exc:

@@ -1,6 +1,6 @@
 """Runs one untrusted check inside the sandbox, after the launcher has applied the kernel layers.
 
-Reads `/sandbox/in/check.py` and `/sandbox/in/payload.json`, calls the entrypoint named in
+Reads `/sandbox/in/check.py` and `/sandbox/in/payload.json` (also bound read-only in its own folder), calls the entrypoint named in
 `/sandbox/in/entrypoint`, and writes one JSON line `{"ok", "error", "value"}` to the result descriptor
 (the original stdout; the check's own prints go to stderr), prefixed with the caller's nonce.
 
@@ -29,7 +29,7 @@ def make_hook(root, write=os.write, exit_=os._exit, str_=str, bytes_=bytes, int_
     spawn = ("os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system", "subprocess.")
     blocked = ("os.", "socket.", "ctypes.", "resource.", "shutil.", "signal.", "fcntl.", "mmap.", "gc.",
                "_thread.", "sys.settrace", "sys.setprofile", "sys._current_frames", "sys._getframe",
-               "sys.addaudithook", "code.__new__", "object.__getattr__")
+               "sys.addaudithook", "code.__new__", "object.__getattr__", "marshal.", "_imp.")
     # Setting these rewires a function's code or constants; other attribute writes (a class's __module__) are fine.
     rewiring = ("__code__", "__defaults__", "__kwdefaults__", "__closure__", "__globals__", "__dict__", "__class__")
     writes = [0]
@@ -88,11 +88,8 @@ def main(exit_=os._exit):
         source = f.read()
     with open(INPUT + "/entrypoint", encoding="utf-8") as f:
         entry, nonce = f.read().split("\n")  # the nonce marks the one genuine result line
-    with open(WORK + "/payload.json", "w", encoding="utf-8") as f:
-        f.write(payload_text)  # checks may read their payload as a file in their own folder
     payload = json.loads(payload_text)
-    for name in ("ctypes", "ctypes._endian", "_ctypes", "resource"):
-        sys.modules.pop(name, None)  # the launcher needed them; the check may not reuse them
+    sys.modules.pop("resource", None)  # the launcher needed it; the check may not reuse it
     result_fd = os.dup(1)
     os.dup2(2, 1)  # the check's prints go to stderr, never into the result channel
     write, dumps = os.write, json.dumps

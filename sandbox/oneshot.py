@@ -165,10 +165,14 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def _parse(line: bytes) -> dict[str, Any] | None:
     """The runner's report, or None if it is not one (malformed, or nested past what a verdict needs)."""
     try:
-        report = json.loads(line)
+        report = json.loads(line, parse_constant=_no_constant)
     except (ValueError, RecursionError):
         return None
     if not isinstance(report, dict) or not isinstance(report.get("ok"), bool):

@@ -9,6 +9,7 @@ boundary alone must contain. CI runs this file as root and again as an unprivile
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -217,7 +218,8 @@ def test_filling_the_disk_stops_at_the_cap():
 @pytest.mark.parametrize("attack", [
     "import os\nos.fork()",
     "import os\nos.posix_spawn('/bin/sh', ['sh'], {})",
-    "import os\nos.execv(__import__('sys').executable, ['python', '-c', 'print(1)'])",
+    "import os, sys\nos.execv(sys.executable, ['python', '-I', '-S', '-c', 'import os; os.fork()'])",  # filter kept
+    "import threading\nthreading.Thread(target=print).start()",  # one-shot code: no threads, even for root
     "import _posixsubprocess, subprocess\nsubprocess.run(['/bin/true'])",
     "import ctypes\nctypes.CDLL(None).unshare(0x10000000)",
     "import ctypes\nctypes.CDLL(None).ptrace(16, 1, 0, 0)",
@@ -229,6 +231,40 @@ def test_filling_the_disk_stops_at_the_cap():
 def test_forbidden_system_calls_kill_the_process(attack):
     rc, _, err = unguarded(attack + "\nprint('{\"survived\": true}')\n")
     assert rc == SIGSYS_EXIT, (rc, err)
+
+
+def test_kernel_memory_no_limit_counts_is_refused():
+    """Extended attributes and SysV IPC live outside the tmpfs size and RLIMIT_AS; inotify counts per host user."""
+    program = ("import ctypes, json, os\n"
+               "libc = ctypes.CDLL(None, use_errno=True)\n"
+               "open('f', 'w').close()\n"
+               "out = {'xattr': libc.setxattr(b'f', b'user.x', b'v' * 65536, 65536, 0),\n"
+               "       'shmget': libc.shmget(0, 1 << 20, 0o1000 | 0o600),\n"
+               "       'msgget': libc.msgget(0, 0o1000 | 0o600),\n"
+               "       'inotify': libc.inotify_init1(0)}\n"
+               "print(json.dumps(out))\n")
+    rc, lines, err = unguarded(program)
+    assert rc == 0 and lines == [{"xattr": -1, "shmget": -1, "msgget": -1, "inotify": -1}], err
+
+
+def test_a_check_cannot_reach_native_memory_access():
+    """ctypes is never loaded in a check's interpreter and its extension is not there to load, even bypassing import."""
+    source = ("def check(p):\n"
+              "    names = set()\n"
+              "    todo = list(object.__subclasses__())\n"
+              "    while todo:\n"
+              "        c = todo.pop()\n"
+              "        if c.__name__ not in names:\n"
+              "            names.add(c.__name__)\n"
+              "            try:\n                todo.extend(type.__subclasses__(c))\n"
+              "            except TypeError:\n                pass\n"
+              "    return sorted(names & {'_Pointer', 'CDLL', '_SimpleCData', 'c_long', 'mmap'})\n")
+    assert run_check(source, {}, limits=LIMITS).value == []
+    native = importlib.util.find_spec("_ctypes").origin
+    loader = (f"import sys\nclass Spec:\n    name, origin = '_ctypes', {native!r}\n"
+              "def check(p):\n    return str(sys.modules['_imp'].create_dynamic(Spec()))\n")
+    result = run_check(loader, {}, limits=LIMITS)
+    assert not result.ok and result.error.split(":")[0] in {"forbidden", "exception"}
 
 
 def test_a_server_may_use_unix_sockets_and_threads_but_not_the_network():
