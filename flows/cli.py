@@ -9,15 +9,57 @@ import os
 import sys
 from pathlib import Path
 
-from flows.server import apply_offline_env, prefect_api
+from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
 
 DEFAULT_CORPUS = "data/corpus"
+
+
+class UsageError(Exception):
+    """A mistake in what the user gave (a config file, a folder): printed as one line, exit status 2."""
+
+
+def read_config_file(path: str | None) -> dict:
+    """The JSON object in a ``--config`` file ({} without one); a missing or malformed file is a ``UsageError``
+    naming it, never a traceback."""
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise UsageError(f"config file {path} is a folder, not a JSON file") from None
+    except PermissionError:
+        raise UsageError(f"config file {path} cannot be read (permission denied)") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+                         f"{exc.colno}") from None
+    except RecursionError:
+        raise UsageError(f"config file {path} is nested too deeply to be a config") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"config file {path} must hold a JSON object of config fields, not a "
+                         f"{type(data).__name__}") from None
+    return data
+
+
+def require_corpus(path: str):
+    """The corpus at ``path``, or a ``UsageError`` saying there is none (DuckDB would otherwise answer a query
+    with "Table with name tasks does not exist! Did you mean pg_tablespace?")."""
+    from storage import Corpus
+
+    if not (Path(path) / "_runs").is_dir():
+        raise UsageError(f"no corpus at {path}: run `synthloop synthesize` first or pass --corpus <folder>")
+    return Corpus(path)
 
 
 def _load_config(args: argparse.Namespace):
     from generators.config import SynthesizeConfig
 
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    data = read_config_file(args.config)
     for key in ("n_tasks", "batch_size", "seed", "run_name"):
         value = getattr(args, key, None)
         if value is not None:
@@ -46,6 +88,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     config = _load_config(args)
     with prefect_api(args.port):
         from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
+        console_without_tracebacks()
 
         try:
             summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
@@ -63,7 +106,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 def _load_curate_config(args: argparse.Namespace):
     from flows.probes import CurateConfig
 
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    data = read_config_file(args.config)
     for key in ("run_name", "seed", "batch_size"):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
@@ -92,8 +135,10 @@ def cmd_curate(args: argparse.Namespace) -> int:
     from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
 
     config = _load_curate_config(args)
+    require_corpus(args.corpus)
     with prefect_api(args.port):
         from flows.curate import curate
+        console_without_tracebacks()
 
         try:
             summary = curate(config=config, corpus_root=args.corpus)
@@ -110,7 +155,7 @@ def cmd_curate(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from training.config import TrainConfig
 
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    data = read_config_file(args.config)
     if args.run_name:
         data["run_name"] = args.run_name
     if args.no_sft:
@@ -132,8 +177,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.eval_tasks:
         data.setdefault("evaluation", {})["tasks"] = args.eval_tasks
     config = TrainConfig(**data)
+    require_corpus(args.corpus)
     with prefect_api(args.port):
         from flows.train import train
+        console_without_tracebacks()
 
         try:
             summary = train(config=config, corpus_root=args.corpus)
@@ -180,12 +227,13 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
 def cmd_loop(args: argparse.Namespace) -> int:
     from flows.loop import LoopConfig
 
-    data = json.loads(Path(args.config).read_text()) if args.config else {}
+    data = read_config_file(args.config)
     if args.rounds:
         data["rounds"] = args.rounds
     config = LoopConfig(**data)
     with prefect_api(args.port):
         from flows.loop import loop
+        console_without_tracebacks()
 
         try:
             summary = loop(config=config, corpus_root=args.corpus)
@@ -197,9 +245,7 @@ def cmd_loop(args: argparse.Namespace) -> int:
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from storage import Corpus
-
-    con = Corpus(args.corpus).connect()
+    con = require_corpus(args.corpus).connect()
     try:
         rel = con.sql(args.sql)
     except Exception as exc:  # DuckDB's message names the table or column at fault
@@ -221,13 +267,14 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage import Corpus, export_selection, export_trl
+    from storage import export_selection, export_trl
 
+    corpus = require_corpus(args.corpus)
     try:
         if args.format == "trl":
-            n = export_trl(Corpus(args.corpus), args.out, run_id=args.run_id)
+            n = export_trl(corpus, args.out, run_id=args.run_id)
         else:
-            n = export_selection(Corpus(args.corpus), args.format, args.out)
+            n = export_selection(corpus, args.format, args.out)
     except ValueError as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 2
@@ -245,10 +292,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from storage import Corpus
     from verifiers.audit import audit
 
-    report = audit(Corpus(args.corpus), run_id=args.run_id, sample=args.sample, seed=args.seed)
+    report = audit(require_corpus(args.corpus), run_id=args.run_id, sample=args.sample, seed=args.seed)
     print(json.dumps(report, indent=2))
     bad = report["recheck"].get("reference_failed", 0) + report["recheck"].get("control_accepted", 0)
     return 1 if bad else 0
@@ -266,10 +312,64 @@ def cmd_schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from storage import Corpus
+    from storage.integrity import diagnose
+
+    root = Path(args.root)
+    if not (root / "_runs").is_dir():
+        print(f"no corpus at {root} (no _runs folder); pass --root", file=sys.stderr)
+        return 2
+    report = diagnose(Corpus(root))
+    print("\n".join(report.lines()))
+    return 1 if report.damaged else 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if not (root / "_runs").is_dir():
+        print(f"no corpus at {root} (no _runs folder); pass --root", file=sys.stderr)
+        return 2
+    with prefect_api(args.port):
+        from flows.repair import repair  # after the API URL is set: Prefect reads it on import
+
+        outcome = repair(root)
+    print("\n".join(outcome.lines()))
+    return 1 if outcome.after is None or outcome.after.damaged else 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that remembers its option names, to suggest the nearest one for a misspelt option."""
+
+    def __init__(self, *args, **kwargs):
+        self.option_names: list[str] = []  # before the base class adds --help
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *names, **kwargs):
+        self.option_names += [n for n in names if n.startswith("-")]
+        return super().add_argument(*names, **kwargs)
+
+
+def unknown_options(parser: _Parser, extra: list[str]) -> list[str]:
+    """One line per argument the command does not take, with the nearest option it does take."""
+    from generators.strict import nearest
+
+    options = [a for a in extra if a.startswith("-")]
+    if not options:
+        return [f"{parser.prog}: unexpected argument(s) {' '.join(extra)}"]
+    lines = []
+    for arg in options:  # the words after an unknown option are its values, not worth a line each
+        name = arg.split("=", 1)[0]
+        close = nearest(name, parser.option_names)
+        lines.append(f"{parser.prog}: unknown option {name}" + (f": did you mean {close}?" if close else
+                                                               f"; options: {' '.join(parser.option_names)}"))
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_offline_env()
-    parser = argparse.ArgumentParser(prog="synthloop", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="synthloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def config_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help="JSON file with SynthesizeConfig fields")
@@ -395,14 +495,57 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="data/schemas")
     p.set_defaults(fn=cmd_schemas)
 
-    args = parser.parse_args(argv)
+    p = sub.add_parser("doctor", help="check every shard of a corpus against its done marker (sha256, rows) and "
+                                      "say what is wrong; exit 1 if damaged")
+    p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")
+    p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("repair", help="redo the damaged batches of a corpus (each run again with its manifest's config)")
+    p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")
+    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    p.set_defaults(fn=cmd_repair)
+
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        print("\n".join(unknown_options(sub.choices[args.command], extra)), file=sys.stderr)
+        return 2
     from pydantic import ValidationError
 
+    from flows.server import PrefectUnreachable
+    from generators.strict import describe
+
+    command = f"synthloop {args.command}"
     try:
         return args.fn(args)
-    except ValidationError as exc:  # a bad knob: say which field and why, no traceback
-        print(f"invalid configuration: {exc}", file=sys.stderr)
+    except UsageError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
         return 2
+    except ValidationError as exc:  # a bad knob: which key, why, and the nearest valid name; no traceback
+        print("\n".join(f"{command}: {line}" for line in describe(exc, getattr(args, "config", None))),
+              file=sys.stderr)
+        return 2
+    except PrefectUnreachable as exc:
+        if not getattr(exc, "said", False):
+            print(f"{command}: {exc}", file=sys.stderr)
+        return 3
+    except OSError as exc:  # a full disk, a read-only or foreign folder: name the path, not a traceback
+        print(f"{command}: {os_error_line(exc)}", file=sys.stderr)
+        return 4
+
+
+def os_error_line(exc: OSError) -> str:
+    """A filesystem failure in one line that names the path and what to do about it."""
+    import errno
+
+    path = exc.filename if exc.filename is not None else "(the path was not reported)"
+    reason = exc.strerror or str(exc)
+    fix = {errno.ENOSPC: "free some space there (or pass another --corpus) and run the same command again: "
+                         "finished batches are kept",
+           errno.EDQUOT: "free some of your quota and run the same command again: finished batches are kept",
+           errno.EACCES: "make it writable for this user (or pass another --corpus)",
+           errno.EPERM: "make it writable for this user (or pass another --corpus)",
+           errno.EROFS: "the file system is read-only: pass a --corpus on a writable one"}.get(exc.errno)
+    return f"{reason}: {path}" + (f"; {fix}" if fix else "")
 
 
 if __name__ == "__main__":

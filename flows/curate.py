@@ -22,6 +22,7 @@ from prefect.artifacts import (
 )
 
 from flows.probes import CurateBatch, CurateConfig, run_curate_batch
+from flows.server import hold_run
 from flows.synthesize import STAGE as SYNTHESIZE
 from flows.synthesize import _endpoint_failed, _ModelServer, llm_cache_path
 from generators.config import code_version
@@ -35,18 +36,22 @@ from verifiers.difficulty import BUCKETS
 STAGE = "curate"
 
 
-def source_runs(corpus: Corpus, config: CurateConfig) -> list[str]:
-    """The synthesize runs to curate: the configured ones (each must be complete), else every complete one."""
+def source_runs(corpus: Corpus, config: CurateConfig, sources: list[str] | None = None) -> list[str]:
+    """The synthesize runs to curate: ``sources`` (a repair redoing a run), else the configured ones (each must
+    be complete), else every complete one. A source with a damaged batch is refused (``CorpusDamaged``):
+    curating what is left of it would label another corpus than the run wrote."""
     complete = [r for r in corpus.runs() if corpus.manifest(r).get("stage") == SYNTHESIZE
                 and corpus.manifest(r).get("status") == "complete"]
-    if not config.runs:
+    wanted = list(sources or config.runs)
+    if not wanted:
         if not complete:
             raise ValueError(f"no complete synthesize run in {corpus.root}; run `synthloop synthesize` first")
-        return complete
-    missing = [r for r in config.runs if r not in complete]
+        wanted = complete
+    missing = [r for r in wanted if r not in complete]
     if missing:
         raise ValueError(f"run(s) {missing} are not complete synthesize runs of {corpus.root}; complete: {complete}")
-    return list(config.runs)
+    corpus.require_intact(wanted)
+    return wanted
 
 
 def _order(key: str) -> str:
@@ -105,8 +110,10 @@ def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[
     keeps its cluster head when new runs arrive), and contamination against the benchmark's questions."""
     start = time.perf_counter()
     runs = [r for r in corpus.runs() if corpus.manifest(r).get("stage") == SYNTHESIZE]
-    first_done = {r: min((b["finished_at"] for b in corpus.batch_summaries(r, SYNTHESIZE)), default=float("inf"))
-                  for r in runs}
+    corpus.require_intact(runs)  # clusters over what is left of a damaged run would be other clusters
+    # a redone batch keeps the time its batch first finished, so a repair does not reorder the runs
+    first_done = {r: min((b.get("first_finished_at", b["finished_at"]) for b in corpus.batch_summaries(r, SYNTHESIZE)),
+                         default=float("inf")) for r in runs}
     tasks = sorted((t for r in runs for t in corpus.read("tasks", r)),
                    key=lambda t: (first_done[t["run_id"]], t["run_id"], t["batch"], t["task_id"]))
     cfg = config.dedup
@@ -224,23 +231,30 @@ def _markdown(s: dict[str, Any], root) -> str:
 
 
 @flow(name="curate", log_prints=True)
-def curate(config: CurateConfig = CurateConfig(), corpus_root: str = "data/corpus") -> dict[str, Any]:
+# keyed by the config alone: the sources (hence the run id) are read from the corpus once the lock is held
+@hold_run(lambda config, **_: f"curate-{config.run_id([])}")
+def curate(config: CurateConfig = CurateConfig(), corpus_root: str = "data/corpus",
+           sources: list[str] | None = None) -> dict[str, Any]:
     """Curate the corpus: dedup + decontamination, necessity (no-tool attempts, call ablation) and difficulty
     (policy rollouts) probes, selection views.
 
     Args:
         config: Which runs, which models, how many attempts, which thresholds; the same config resumes.
         corpus_root: Folder of the Parquet corpus written by ``synthesize``.
+        sources: The synthesize runs of an earlier curate run being repaired (its manifest's ``sources``):
+            with ``config.runs`` empty, "every complete run" may have grown since.
     """
     logger = get_run_logger()
     corpus = Corpus(corpus_root)
     corpus.remove_temporaries()
-    sources = source_runs(corpus, config)
+    sources = source_runs(corpus, config, sources)
     run_id = config.run_id(sources)
     corpus.write_manifest(run_id, {"run_id": run_id, "stage": STAGE, "sources": sources, "code_version": code_version(),
                                    "config": config.model_dump(mode="json"), "status": "running",
                                    "model_versions": {"necessity": config.version_of(config.necessity.endpoint),
                                                       "difficulty": config.version_of(config.difficulty.endpoint)}})
+    for problem in corpus.problems(run_id):  # a damaged batch is not done: this run redoes it
+        logger.warning("%s: redoing it", problem.line(corpus.root))
     if not corpus.batch_done(run_id, "dedup", 0):
         rows, info = dedup_rows(corpus, config, run_id)
         corpus.write_batch(run_id, "dedup", 0, {"dedup": rows}, info)
@@ -261,7 +275,7 @@ def curate(config: CurateConfig = CurateConfig(), corpus_root: str = "data/corpu
             update_progress_artifact(progress, 100.0 * done / max(len(batches), 1))
     summary = summarize(corpus, run_id)
     summary["embedded_server_requests"] = server.requests
-    corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
+    corpus.complete_run(run_id, {"dedup": [0], STAGE: [b.batch for b in batches]}, {"summary": summary})
     corpus.write_catalog()
     create_markdown_artifact(_markdown(summary, corpus.root), key=f"curate-summary-{run_id}".lower(),
                              description="Necessity labels, difficulty buckets, dedup and contamination, splits")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import statistics
 import time
 from collections import Counter
@@ -26,13 +27,15 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from pydantic import BaseModel, Field
+from pydantic import Field, model_validator
 
 from flows.curate import curate
 from flows.probes import CurateConfig
+from flows.server import hold_run
 from flows.synthesize import synthesize
 from flows.train import train
 from generators.config import SynthesizeConfig, VariantSeed
+from generators.strict import RUN_NAME_HELP, RUN_NAME_PATTERN, RunName, StrictModel
 from generators.variants import seed_from_task, signature_match_sql
 from schemas import SCHEMA_VERSION, CheckResult, Task, Trajectory, Verdict
 from storage import Corpus
@@ -61,7 +64,7 @@ def _small_train() -> TrainConfig:
                        evaluation=EvalSettings(tasks=4, max_turns=4, max_new_tokens=128))
 
 
-class SelectionSettings(BaseModel):
+class SelectionSettings(StrictModel):
     """Which tasks seed the next round, and when a task leaves the replay buffer."""
 
     max_parents: int = Field(8, ge=1, description="Parents selected per round (boundary first, then failures).")
@@ -70,16 +73,27 @@ class SelectionSettings(BaseModel):
     min_attempts: int = Field(2, ge=1, description="Rollouts a task needs before it can be judged.")
 
 
-class LoopConfig(BaseModel):
+class LoopConfig(StrictModel):
     """A closed-loop run: how many rounds, and the config of each stage (defaults sized for a 2-core CPU)."""
 
-    run_name: str = Field("loop", pattern=r"^[A-Za-z0-9_\-]+$")
+    run_name: RunName = Field("loop", description=f"Name of the loop run (its rounds' runs add -r<round>). "
+                                                 f"{RUN_NAME_HELP}")
     rounds: int = Field(2, ge=1, le=20)
     synthesize: SynthesizeConfig = Field(default_factory=_small_synthesize,
                                          description="Round 1's corpus; later rounds reuse it with variants instead.")
     curate: CurateConfig = Field(default_factory=_small_curate)
     train: TrainConfig = Field(default_factory=_small_train)
     selection: SelectionSettings = Field(default_factory=SelectionSettings)
+
+    @model_validator(mode="after")
+    def _round_names(self) -> LoopConfig:
+        # round r's synthesize and train runs are named <name>-r<r>: that name must be a valid run name too
+        for stage in ("synthesize", "train"):
+            name = f"{getattr(self, stage).run_name}-r{self.rounds}"
+            if not re.match(RUN_NAME_PATTERN, name):
+                raise ValueError(f"{stage}.run_name is too long for its rounds' runs ({name!r} would exceed 64 "
+                                 f"characters): shorten it")
+        return self
 
     def run_id(self) -> str:
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
@@ -194,6 +208,7 @@ def _round_markdown(loop_run_id: str, rows: list[dict[str, Any]], match: list[tu
 
 
 @flow(name="loop", log_prints=True)
+@hold_run(lambda config, **_: config.run_id())
 def loop(config: LoopConfig = LoopConfig(), corpus_root: str = "data/loop") -> dict[str, Any]:
     """Run rounds of synthesize → curate → train → select; each round's parents seed the next round's variants.
 
@@ -206,7 +221,10 @@ def loop(config: LoopConfig = LoopConfig(), corpus_root: str = "data/loop") -> d
     loop_run_id = config.run_id()
     corpus.write_manifest(loop_run_id, {"run_id": loop_run_id, "stage": STAGE, "config": config.model_dump(mode="json"),
                                         "status": "running"})
-    done = {b["batch"]: b["summary"] for b in corpus.batch_summaries(loop_run_id, "round")}
+    selected_rounds = {b["batch"] for b in corpus.batch_summaries(loop_run_id, "select")}
+    # a round is done when both its markers are intact; else it runs again (its stages resume, cheaply)
+    done = {b["batch"]: b["summary"] for b in corpus.batch_summaries(loop_run_id, "round")
+            if b["batch"] in selected_rounds}
     seeds: list[VariantSeed] = []
     policy: str | None = config.train.sft.policy if config.train.sft else None
     rows = []
@@ -259,7 +277,8 @@ def loop(config: LoopConfig = LoopConfig(), corpus_root: str = "data/loop") -> d
         logger.info("round %d: %s", round_, {k: row[k] for k in ("tasks", "accepted", "evals", "parents")})
     match = corpus.connect().execute(signature_match_sql()).fetchall() if len(rows) > 1 else []
     summary = {"run_id": loop_run_id, "rounds": rows, "signature_match": [list(m) for m in match]}
-    corpus.write_manifest(loop_run_id, {"status": "complete", "summary": summary})
+    rounds = [r["round"] for r in rows]
+    corpus.complete_run(loop_run_id, {"round": rounds, "select": rounds}, {"summary": summary})
     corpus.write_catalog()
     create_markdown_artifact(_round_markdown(loop_run_id, rows, match), key=f"loop-summary-{loop_run_id}".lower(),
                              description="Per-round figures of the closed loop")

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from envs import Environment, get_domain
 from generators.agents import ScriptedUser, arun_episode
@@ -24,6 +24,7 @@ from generators.config import code_version
 from generators.embedded import GGUF_SHA256
 from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
 from generators.llm_agents import LLMAssistant, LLMUser, NoToolAssistant
+from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from schemas import TABLES, Message, Task, Trajectory
 from schemas.records import SCHEMA_VERSION
 from storage import Corpus
@@ -32,7 +33,7 @@ from verifiers.difficulty import Difficulty, Thresholds, difficulty
 from verifiers.necessity import Ablation, minimal_calls, necessity_label, no_tool_verdict
 
 
-class NecessityConfig(BaseModel):
+class NecessityConfig(StrictModel):
     """Does a task need its tools (for the target model), and how few calls does it need?"""
 
     endpoint: str = Field(EMBEDDED, description="Target model: the name of an entry in `endpoints`.")
@@ -47,7 +48,7 @@ class NecessityConfig(BaseModel):
     sampling: Sampling = Field(default_factory=lambda: Sampling(temperature=0.7, max_tokens=128))
 
 
-class DifficultyConfig(BaseModel):
+class DifficultyConfig(StrictModel):
     """How hard is a task for the policy: k verified rollouts, pass rate p̂, buckets."""
 
     endpoint: str = Field(EMBEDDED, description="Policy: the name of an entry in `endpoints`.")
@@ -66,7 +67,7 @@ class DifficultyConfig(BaseModel):
         return self
 
 
-class DedupConfig(BaseModel):
+class DedupConfig(StrictModel):
     """Exact and near-duplicate detection across every run of the corpus, and benchmark decontamination."""
 
     threshold: float = Field(0.7, gt=0, le=1, description="Jaccard similarity of the template-stripped shingles at or "
@@ -81,14 +82,15 @@ class DedupConfig(BaseModel):
     ngram: int = Field(8, ge=3, le=32, description="Word n-gram length of the contamination match.")
 
 
-class CurateConfig(BaseModel):
+class CurateConfig(StrictModel):
     """One curate run over a corpus: dedup and decontamination, necessity and difficulty probes.
 
     A run's id hashes this config, the synthesize runs it reads, the code and the target model's version:
     the same command resumes, and a new model version starts a new run whose rows sit beside the old ones.
     """
 
-    run_name: str = Field("curate", pattern=r"^[A-Za-z0-9_\-]+$")
+    run_name: RunName = Field("curate", description=f"Name of the run; with the config's hash it forms the run "
+                                                   f"id. {RUN_NAME_HELP}")
     runs: list[str] = Field(default_factory=list, description="Synthesize runs to curate ([] = every complete one).")
     seed: int = Field(0, description="Draw of the probed tasks and of the models' samples.")
     batch_size: int = Field(200, ge=1, le=5000, description="Tasks per batch: one Prefect task run, one shard per table.")

@@ -48,7 +48,7 @@ def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpu
         loop.to_deployment(  # started from the UI (its form is LoopConfig); its corpus sits beside the main one
             name="default",
             parameters={"config": LoopConfig().model_dump(mode="json"),
-                        "corpus_root": str((Path(corpus_root).resolve().parent / "loop"))},
+                        "corpus_root": str(Path(corpus_root).resolve().parent / "loop")},
             description="Closed loop: rounds of synthesize → curate → train → select boundary tasks and failures → "
                         "variants.",
             tags=["synthloop"],

@@ -21,6 +21,7 @@ from prefect.task_runners import ProcessPoolTaskRunner
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flows.pipeline import catalog_rows, run_batch
+from flows.server import hold_run
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
 from generators.graph import Coverage, domain_graph
@@ -188,6 +189,7 @@ def _run_batches(config: SynthesizeConfig, root: str, workers: int,
 
 
 @flow(name="synthesize", log_prints=True)
+@hold_run(lambda config, **_: config.run_id)  # a second run of this config waits, then skips
 def synthesize(
     config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus", workers: int = 1
 ) -> dict[str, Any]:
@@ -208,6 +210,8 @@ def synthesize(
     corpus.write_manifest(run_id, {"run_id": run_id, "fingerprint": config.fingerprint(), "stage": STAGE,
                                    "code_version": code_version(),
                                    "config": config.model_dump(mode="json"), "status": "running"})
+    for problem in corpus.problems(run_id):  # a damaged batch is not done: this run redoes it
+        logger.warning("%s: redoing it", problem.line(corpus.root))
     if not corpus.batch_done(run_id, "catalog", 0):
         corpus.write_batch(run_id, "catalog", 0, catalog_rows(config.domains), {"domains": config.domains})
     progress_id = create_progress_artifact(0.0, key=f"synthesize-{run_id}".lower(), description="Batches done")
@@ -231,7 +235,8 @@ def synthesize(
             update_progress_artifact(progress_id, 100.0 * done / config.n_batches)
     summary = summarize(corpus, config)
     summary["embedded_server_requests"] = server.requests
-    corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
+    # complete only when every batch is on disk as written; else the manifest says what is missing
+    corpus.complete_run(run_id, {"catalog": [0], STAGE: range(config.n_batches)}, {"summary": summary})
     corpus.write_catalog()
     create_markdown_artifact(_markdown(run_id, summary, corpus.root), key=f"synthesize-summary-{run_id}".lower(),
                              description="Counts, acceptance rate and coverage of the run")

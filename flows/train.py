@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from envs import Environment, get_domain
+from flows.server import hold_run
 from schemas import SCHEMA_VERSION, Task
 from storage import Corpus
+from storage.locks import RunLock, lock_path
 from training.config import TrainConfig
 from training.evaluate import evaluate, held_out_sql
 
@@ -121,9 +124,12 @@ def sft_stage(config: TrainConfig, run_id: str, corpus_root: str) -> str:
     from training.sft import run_sft, sft_key, training_rows
 
     corpus = Corpus(corpus_root)
-    out = corpus.root / "_runs" / "_sft" / sft_key(config.sft, training_rows(corpus, config.sft))
-    if not (out / "policy" / "synthloop_policy.json").exists():
-        run_sft(corpus, config.sft, out)
+    key = sft_key(config.sft, training_rows(corpus, config.sft))
+    out = corpus.root / "_runs" / "_sft" / key
+    # train runs of other configs may share this folder: one trains, the others wait and then reuse it
+    with RunLock(lock_path(corpus.root, f"sft-{key}"), {"run": run_id, "stage": "sft"}):
+        if not (out / "policy" / "synthloop_policy.json").exists():
+            run_sft(corpus, config.sft, out)
     return str(out / "policy")
 
 
@@ -143,7 +149,15 @@ def grpo_stage(config: TrainConfig, run_id: str, start: str | None, corpus_root:
         corpus.write_batch(run_id, "grpo", metrics["step"], {"grpo_steps": [row], "trajectories": trajectories,
                                                              "verdicts": verdicts}, row)
 
-    if not (out / "policy" / "synthloop_policy.json").exists():
+    policy = out / "policy" / "synthloop_policy.json"
+    if policy.exists():
+        steps = json.loads(policy.read_text()).get("steps", 0)
+        lost = [s for s in range(1, steps + 1) if not corpus.batch_done(run_id, "grpo", s)]
+        if lost:  # the steps' rows are gone and the checkpoints removed: only a rerun writes them again
+            get_run_logger().warning("GRPO steps %s of run %s are damaged or missing: running GRPO again", lost, run_id)
+            shutil.rmtree(out / "policy")
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)  # a resume from the last one would redo none
+    if not policy.exists():
         run_grpo(corpus, config.grpo, out, start=start, on_step=record)
     return str(out / "policy")
 
@@ -178,6 +192,7 @@ def _markdown(run_id: str, rows: list[dict[str, Any]], sft: dict[str, Any] | Non
 
 
 @flow(name="train", log_prints=True)
+@hold_run(lambda config, **_: config.run_id())
 def train(config: TrainConfig = TrainConfig(), corpus_root: str = "data/corpus") -> dict[str, Any]:
     """Evaluate the base policy, fine-tune it on the SFT split, evaluate the result (each stage optional).
 
@@ -188,6 +203,9 @@ def train(config: TrainConfig = TrainConfig(), corpus_root: str = "data/corpus")
     logger = get_run_logger()
     corpus = Corpus(corpus_root)
     run_id = config.run_id()
+    # the splits read every synthesize and curate run: training on what is left of a damaged one would not be
+    # the data the config names
+    corpus.require_intact([r for r in corpus.runs() if corpus.manifest(r).get("stage") in ("synthesize", "curate")])
     corpus.write_manifest(run_id, {"run_id": run_id, "stage": STAGE, "config": config.model_dump(mode="json"),
                                    "status": "running"})
     rows = [evaluate_policy(config, run_id, "base", None, str(corpus.root))]
@@ -208,7 +226,10 @@ def train(config: TrainConfig = TrainConfig(), corpus_root: str = "data/corpus")
         logger.info("grpo: %s", rows[-1])
     summary = {"run_id": run_id, "evals": rows, "sft": sft, "grpo": grpo,
                "policy_dir": grpo_dir if grpo else (policy_dir if sft else None)}
-    corpus.write_manifest(run_id, {"status": "complete", "summary": summary})
+    expected = {"eval": [0] + [1] * bool(config.sft) + [2] * bool(config.grpo)}
+    if grpo:
+        expected["grpo"] = range(1, grpo["steps"] + 1)
+    corpus.complete_run(run_id, expected, {"summary": summary})
     corpus.write_catalog()
     create_markdown_artifact(_markdown(run_id, rows, sft, grpo), key=f"train-summary-{run_id}".lower(),
                              description="Base vs trained policy on held-out tasks")

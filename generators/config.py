@@ -9,9 +9,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
+from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 
 
 @lru_cache(maxsize=1)
@@ -26,7 +27,7 @@ def code_version() -> str:
     return digest.hexdigest()[:12]
 
 
-class SamplingConfig(BaseModel):
+class SamplingConfig(StrictModel):
     """How tool-call plans are sampled from the tool graph."""
 
     depth_min: int = Field(1, ge=1, le=6, description="Shortest dependency path to sample (in calls).")
@@ -61,7 +62,7 @@ Weakness = Literal["wrong_tool", "wrong_argument", "missing_step", "premature_an
 Topology = Literal["single", "chain", "fork", "merge", "dag", "parallel"]
 
 
-class VariantSeed(BaseModel):
+class VariantSeed(StrictModel):
     """A parent task of the closed loop and what its variants should drill (see ``generators.variants``).
 
     Variants are new tasks on the parent's domain, sampled on a fresh environment (other values) with the
@@ -101,7 +102,7 @@ class VariantSeed(BaseModel):
         return self
 
 
-class RoleConfig(BaseModel):
+class RoleConfig(StrictModel):
     """Who plays one role, on which endpoint, with which sampling parameters."""
 
     agent: Literal["scripted", "llm"] = Field("llm", description="'scripted' (deterministic, no model) or 'llm'.")
@@ -109,7 +110,7 @@ class RoleConfig(BaseModel):
     sampling: Sampling = Field(default_factory=Sampling)
 
 
-class AgentsConfig(BaseModel):
+class AgentsConfig(StrictModel):
     """The LLM side of a run: which agents play which role, on which endpoints, within which budget.
 
     Every task gets a scripted reference rollout and negative controls (that is how its verifier is proven);
@@ -151,10 +152,11 @@ class AgentsConfig(BaseModel):
         return self.llm_tasks > 0 and any(self.endpoints[r.endpoint].base_url is None for r in self.roles().values())
 
 
-class SynthesizeConfig(BaseModel):
+class SynthesizeConfig(StrictModel):
     """One synthesis run: which domains, how many tasks, how they are sampled, where the corpus goes."""
 
-    run_name: str = Field("default", pattern=r"^[A-Za-z0-9_\-]+$", description="Name of the run; with the config fingerprint it forms the run id.")
+    run_name: RunName = Field("default", description="Name of the run; with the config fingerprint it forms the "
+                              f"run id. {RUN_NAME_HELP}")
     seed: int = Field(0, description="Master seed; the same config always produces the same corpus.")
     domains: list[str] = Field(
         default_factory=lambda: ["retail", "calendar", "banking", "files"], min_length=1,

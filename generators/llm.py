@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from generators.strict import StrictModel
 from schemas.records import SCHEMA_VERSION
 from schemas.tables import USAGE_COUNTS
 
@@ -36,7 +37,7 @@ EMBEDDED = "embedded"
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 
 
-class EndpointConfig(BaseModel):
+class EndpointConfig(StrictModel):
     """One OpenAI-compatible endpoint: where it is, how hard to push it, what it costs."""
 
     base_url: str | None = Field(
@@ -59,7 +60,7 @@ class EndpointConfig(BaseModel):
         "aiohttp", description="HTTP client: the lean aiohttp loop, or the openai SDK (same requests, more CPU per call).")
 
 
-class Sampling(BaseModel):
+class Sampling(StrictModel):
     """Sampling parameters of one role; part of the cache key."""
 
     model_config = ConfigDict(frozen=True)
@@ -70,7 +71,7 @@ class Sampling(BaseModel):
     seed: int | None = Field(None, description="Sent to servers that honour it (vLLM, llama.cpp).")
 
 
-class Budget(BaseModel):
+class Budget(StrictModel):
     """Run-wide limits on real (uncached) requests; when one is reached, LLM rollouts stop and the run finishes
     with what it has."""
 

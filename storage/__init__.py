@@ -2,5 +2,6 @@
 
 from storage.corpus import DEFAULT_ROOT, Corpus
 from storage.exports import export_selection, export_trl
+from storage.integrity import CorpusDamaged
 
-__all__ = ["DEFAULT_ROOT", "Corpus", "export_selection", "export_trl"]
+__all__ = ["DEFAULT_ROOT", "Corpus", "CorpusDamaged", "export_selection", "export_trl"]

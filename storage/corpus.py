@@ -8,8 +8,9 @@ Layout under the corpus root::
     catalog.duckdb                                           views over every table (absolute paths)
 
 Shards are written to a temporary file and renamed, so a reader never sees half a file; a batch counts as
-done only once its marker exists, so a run killed at any point resumes by redoing the unmarked batches,
-whose shards are overwritten in place: no duplicates.
+done only once its marker exists *and* every shard it records passes its check (``storage.integrity``: row
+count, size, mtime, sha256), so a run killed at any point, or a corpus damaged afterwards, resumes by redoing
+the batches that are not done, whose shards are overwritten in place: no duplicates.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from schemas import TABLES
+from storage.integrity import (
+    MARKER_VERSION,
+    BatchCheck,
+    CorpusDamaged,
+    Problem,
+    ShardRecord,
+    check_batch,
+    file_sha256,
+    known_digests,
+    log,
+    read_marker,
+    record_written,
+)
 from storage.selections import CURATION_VIEWS, selection_views
 
 DEFAULT_ROOT = Path("data/corpus")
@@ -33,11 +48,29 @@ DEFAULT_ROOT = Path("data/corpus")
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:  # a full disk fails in write() or fsync(), which name no file: name the one written
+        tmp.unlink(missing_ok=True)
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+        raise
+
+
+# Problems already logged by this process: a flow connects many times, a user should read each once.
+_REPORTED: set[str] = set()
+
+
+def _report(problems: list[Problem], root: Path) -> None:
+    for p in problems:
+        line = p.line(root)
+        if line not in _REPORTED:
+            _REPORTED.add(line)
+            log.warning("corpus damage: %s; run `synthloop repair --root %s` to redo it", line, root)
 
 
 def _alive(pid: int) -> bool:
@@ -64,7 +97,8 @@ class Corpus:
     def shard_path(self, table: str, run_id: str, stage: str, batch: int) -> Path:
         return self.root / table / f"run={run_id}" / f"stage={stage}" / f"batch-{batch:05d}.parquet"
 
-    def _marker(self, run_id: str, stage: str, batch: int) -> Path:
+    def marker_path(self, run_id: str, stage: str, batch: int) -> Path:
+        """The batch's done marker."""
         return self.root / "_runs" / run_id / stage / f"batch-{batch:05d}.done.json"
 
     def manifest_path(self, run_id: str) -> Path:
@@ -73,30 +107,132 @@ class Corpus:
     # writing -------------------------------------------------------------------------------------------
     def write_shard(self, table: str, rows: list[dict[str, Any]], run_id: str, stage: str, batch: int) -> Path:
         """Validate rows against the table's schemas and write them as one Parquet shard, atomically."""
+        return self.root / self._write_shard(table, rows, run_id, stage, batch).path
+
+    def _write_shard(self, table: str, rows: list[dict[str, Any]], run_id: str, stage: str, batch: int) -> ShardRecord:
         arrow = TABLES[table].to_arrow(rows)
         path = self.shard_path(table, run_id, stage, batch)
         sink = pa.BufferOutputStream()
         pq.write_table(arrow, sink, compression="zstd")
-        _atomic_write_bytes(path, sink.getvalue().to_pybytes())
-        return path
+        data = sink.getvalue().to_pybytes()
+        _atomic_write_bytes(path, data)
+        return record_written(self.root, table, path, len(rows), data)
 
     def write_batch(
         self, run_id: str, stage: str, batch: int, tables: dict[str, list[dict[str, Any]]], summary: dict[str, Any]
     ) -> None:
-        """Write every table's shard for a batch, then its done marker (with the batch summary)."""
-        counts = {}
-        for table, rows in tables.items():
-            self.write_shard(table, rows, run_id, stage, batch)
-            counts[table] = len(rows)
-        marker = {"batch": batch, "rows": counts, "summary": summary, "finished_at": time.time()}
-        _atomic_write_bytes(self._marker(run_id, stage, batch), json.dumps(marker, sort_keys=True).encode())
+        """Write every table's shard for a batch, then its done marker: the batch summary and, per shard, its
+        path, row count, size, mtime and sha256 (what every reader checks)."""
+        marker_path = self.marker_path(run_id, stage, batch)
+        old, _ = read_marker(marker_path)
+        # a batch being rewritten is not done: without this, a kill between two shards would leave the old
+        # marker over a mix of old and new shards
+        marker_path.unlink(missing_ok=True)
+        records = {table: self._write_shard(table, rows, run_id, stage, batch) for table, rows in tables.items()}
+        now = time.time()
+        marker = {"version": MARKER_VERSION, "batch": batch, "rows": {t: r.rows for t, r in records.items()},
+                  "shards": {t: r.to_json() for t, r in records.items()}, "summary": summary, "finished_at": now,
+                  # when the batch first finished: orders runs (dedup's cluster heads) the same after a redo
+                  "first_finished_at": (old or {}).get("first_finished_at", (old or {}).get("finished_at", now))}
+        _atomic_write_bytes(marker_path, json.dumps(marker, sort_keys=True).encode())
+
+    def check_batch(self, run_id: str, stage: str, batch: int, *, full: bool = False) -> BatchCheck:
+        """Check one batch's shards against its done marker (``full``: hash every shard)."""
+        return check_batch(self.root, run_id, stage, batch, self.marker_path(run_id, stage, batch), full=full)
 
     def batch_done(self, run_id: str, stage: str, batch: int) -> bool:
-        return self._marker(run_id, stage, batch).exists()
+        """Whether the batch's marker exists and every shard it records passes the check; a damaged batch is
+        reported (path, what is wrong) and is not done, so the next run of the same config redoes it."""
+        check = self.check_batch(run_id, stage, batch)
+        _report(check.problems, self.root)
+        return check.intact
 
     def batch_summaries(self, run_id: str, stage: str) -> list[dict[str, Any]]:
-        folder = self.root / "_runs" / run_id / stage
-        return [json.loads(p.read_text()) for p in sorted(folder.glob("batch-*.done.json"))]
+        """The done markers of a run's stage whose batches are intact, in batch order."""
+        checks = [c for c in self.scan(run_id) if c.stage == stage]
+        return [c.marker for c in checks if c.intact and c.marker is not None]
+
+    def scan(self, run_id: str | None = None, *, full: bool = False, report: bool = True) -> list[BatchCheck]:
+        """Check every done marker (of one run, or of the corpus): the cheap check by default, every shard's
+        sha256 with ``full``. Problems are logged once per process unless ``report`` is False."""
+        entries = []
+        for run in [run_id] if run_id else self.runs():
+            for path in sorted((self.root / "_runs" / run).glob("*/batch-*.done.json")):
+                stage, batch = path.parent.name, int(path.name.split("-")[1].split(".")[0])
+                entries.append((run, stage, batch, path, read_marker(path)))
+        known = known_digests([loaded[0] for *_, loaded in entries])
+        checks = []
+        for run, stage, batch, path, loaded in entries:
+            check = check_batch(self.root, run, stage, batch, path, full=full, known=known, loaded=loaded)
+            if check.problems and not full and read_marker(path) != loaded:
+                # the marker changed under us: a writer is redoing this batch; not done, and not damage
+                check = BatchCheck(run, stage, batch, None)
+            checks.append(check)
+        if report:
+            _report([p for c in checks for p in c.problems], self.root)
+        return checks
+
+    def rerecord(self, checks: list[BatchCheck]) -> int:
+        """Record again what ``scan(full=True)`` verified but the markers do not say: new size/mtime of shards
+        whose content is as written (a copied corpus), and the hashes of legacy markers' shards once every
+        row reads. Returns the number of markers rewritten."""
+        rewritten = 0
+        for check in checks:
+            if not check.intact or check.marker is None or not (check.legacy or check.stale):
+                continue
+            shards = {}
+            for table, record in check.shard_records(self.root).items():
+                path = self.root / record.path
+                if check.legacy:
+                    try:
+                        pq.read_table(path)
+                    except (OSError, pa.ArrowException):
+                        shards = None  # unreadable rows: not recorded; doctor reports it once it is checked
+                        break
+                st = path.stat()
+                sha = record.sha256 if not check.legacy else file_sha256(path)
+                shards[table] = ShardRecord(table, record.path, record.rows, st.st_size, sha, st.st_mtime_ns).to_json()
+            if shards is None:
+                continue
+            marker = {**check.marker, "version": MARKER_VERSION, "shards": shards}
+            _atomic_write_bytes(self.marker_path(check.run_id, check.stage, check.batch),
+                                json.dumps(marker, sort_keys=True).encode())
+            rewritten += 1
+        return rewritten
+
+    def problems(self, run_id: str | None = None) -> list[Problem]:
+        """Everything the cheap check finds wrong (one run, or the whole corpus)."""
+        return [p for c in self.scan(run_id, report=False) for p in c.problems]
+
+    def require_intact(self, runs: Iterable[str]) -> None:
+        """Raise ``CorpusDamaged`` (one line per problem) if a batch of these runs fails its check."""
+        problems = [p for r in runs for p in self.problems(r)]
+        if problems:
+            raise CorpusDamaged(problems, self.root)
+
+    def complete_run(self, run_id: str, expected: dict[str, Iterable[int]], manifest: dict[str, Any]) -> None:
+        """Mark a run ``complete`` only if every expected batch is done and intact; else mark it ``incomplete``
+        with its problems and raise ``CorpusDamaged``.
+
+        Args:
+            run_id: The run.
+            expected: Per stage, the batches the run consists of (recorded, so ``doctor`` can tell a missing one).
+            manifest: Fields to record with the status (the summary).
+        """
+        expected = {stage: sorted(set(batches)) for stage, batches in expected.items()}
+        problems = []
+        for stage, batches in expected.items():
+            for b in batches:
+                check = self.check_batch(run_id, stage, b)
+                problems += check.problems
+                if check.marker is None and not check.problems:
+                    problems.append(Problem(self.marker_path(run_id, stage, b), run_id, stage, b, None, "no_marker",
+                                            "the batch has no done marker (it was never finished, or it was deleted)"))
+        if problems:
+            self.write_manifest(run_id, {"status": "incomplete", "problems": [p.line(self.root) for p in problems]})
+            raise CorpusDamaged(problems, self.root)
+        self.write_manifest(run_id, {**manifest, "status": "complete",
+                                     "batches": expected}, drop=("problems",))
 
     def remove_temporaries(self) -> int:
         """Delete temp files left by writers that are gone (killed); a live writer's are left alone."""
@@ -110,10 +246,13 @@ class Corpus:
                 removed += 1
         return removed
 
-    def write_manifest(self, run_id: str, manifest: dict[str, Any]) -> None:
+    def write_manifest(self, run_id: str, manifest: dict[str, Any], drop: Iterable[str] = ()) -> None:
+        """Merge fields into the run's manifest (and remove the ``drop`` keys)."""
         path = self.manifest_path(run_id)
         current = json.loads(path.read_text()) if path.exists() else {}
         current.update(manifest)
+        for key in drop:
+            current.pop(key, None)
         _atomic_write_bytes(path, json.dumps(current, indent=2, sort_keys=True, default=str).encode())
 
     def manifest(self, run_id: str) -> dict[str, Any]:
@@ -124,19 +263,22 @@ class Corpus:
         folder = self.root / "_runs"
         return sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.exists() else []
 
-    # reading: only shards of complete batches, so a reader never sees a batch that is being (re)written ----
+    # reading: only shards of batches that are done and intact, so a reader never sees a batch that is being
+    # (re)written or was damaged afterwards ----------------------------------------------------------------
+    def intact_shards(self, run_id: str | None = None) -> dict[str, list[Path]]:
+        """Per table (in ``TABLES`` order), the shards of every intact batch; damaged batches are reported."""
+        shards: dict[str, list[Path]] = {}
+        for check in self.scan(run_id):
+            if check.intact:
+                for table, record in check.shard_records(self.root).items():
+                    shards.setdefault(table, []).append(self.root / record.path)
+        return {t: shards[t] for t in TABLES if shards.get(t)}
+
     def complete_shards(self, table: str, run_id: str | None = None) -> list[Path]:
-        files = []
-        for run in [run_id] if run_id else self.runs():
-            for marker in sorted((self.root / "_runs" / run).glob("*/batch-*.done.json")):
-                stage, batch = marker.parent.name, int(marker.name.split("-")[1].split(".")[0])
-                path = self.shard_path(table, run, stage, batch)
-                if table in json.loads(marker.read_text())["rows"] and path.exists():
-                    files.append(path)
-        return files
+        return self.intact_shards(run_id).get(table, [])
 
     def tables(self) -> list[str]:
-        return [t for t in TABLES if self.complete_shards(t)]
+        return list(self.intact_shards())
 
     def latest_run(self, stage: str = "synthesize") -> str | None:
         """The most recently finished run (by its manifest), or None."""
@@ -150,13 +292,22 @@ class Corpus:
         files = self.complete_shards(table, run_id)
         if not files:
             return []
-        arrow = pa.concat_tables([pq.read_table(f, schema=TABLES[table].arrow_schema) for f in files])
-        return TABLES[table].from_arrow(arrow)
+        parts = []
+        for f in files:
+            try:
+                parts.append(pq.read_table(f, schema=TABLES[table].arrow_schema))
+            except (OSError, pa.ArrowException) as exc:  # changed since it was checked, or a legacy shard
+                run, stage = (f.parent.parent.name.removeprefix("run="), f.parent.name.removeprefix("stage="))
+                batch = int(f.name.split("-")[1].split(".")[0])
+                raise CorpusDamaged([Problem(f, run, stage, batch, table, "corrupt",
+                                             f"not a readable Parquet file ({str(exc).splitlines()[0]})")],
+                                    self.root) from None
+        return TABLES[table].from_arrow(pa.concat_tables(parts))
 
     def connect(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
         """A DuckDB connection with a view per table and the convenience views below."""
         con = duckdb.connect(database)
-        create_views(con, {t: self.complete_shards(t) for t in self.tables()})
+        create_views(con, self.intact_shards())
         return con
 
     def write_catalog(self) -> Path | None:
@@ -167,7 +318,7 @@ class Corpus:
         except duckdb.IOException:
             return None  # another process holds it open; the in-memory catalog still works
         try:
-            create_views(con, {t: self.complete_shards(t) for t in self.tables()})
+            create_views(con, self.intact_shards())
         finally:
             con.close()
         return path
@@ -197,27 +348,57 @@ def _empty_view(con: duckdb.DuckDBPyConnection, table: str) -> None:
                 "WHERE false")
 
 
+def _parquet_source(files: list[Path]) -> str:
+    listed = ", ".join("'" + f.as_posix().replace("'", "''") + "'" for f in files)
+    return f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
+
+
+def _readable_source(con: duckdb.DuckDBPyConnection, table: str, files: list[Path]) -> tuple[str, set[str]] | None:
+    """The ``read_parquet`` source of a table's view and its columns, leaving out (and naming) any file DuckDB
+    cannot open, so one bad shard costs its own rows and never the other tables' views."""
+    try:
+        source = _parquet_source(files)
+        return source, {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+    except duckdb.Error:
+        pass
+    good = []
+    for f in files:
+        try:
+            con.execute(f"DESCRIBE SELECT * FROM {_parquet_source([f])}").fetchall()
+            good.append(f)
+        except duckdb.Error as exc:
+            log.warning("corpus damage: %s: not a readable Parquet file (%s); left out of the %s view",
+                        f, str(exc).splitlines()[0], table)
+    if not good:
+        return None
+    source = _parquet_source(good)
+    return source, {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
+
+
 def create_views(con: duckdb.DuckDBPyConnection, shards: dict[str, list[Path]]) -> None:
     """A view per table over the listed shard files (the hive columns ``run`` and ``stage`` included), the
     convenience views, and, once a synthesize run exists, the curation views and the splits."""
+    made = set()
     for table, files in shards.items():
-        listed = ", ".join("'" + f.as_posix().replace("'", "''") + "'" for f in files)
-        source = f"read_parquet([{listed}], hive_partitioning = true, union_by_name = true)"
+        found = _readable_source(con, table, files)
+        if found is None:
+            continue
+        source, present = found
         # shards written before a column was added lack it: the view shows it as NULL (schema evolution)
-        present = {row[0] for row in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()}
         schema = TABLES[table].arrow_schema if table in TABLES else None
         missing = [f for f in schema if f.name not in present] if schema is not None else []
         types = con.from_arrow(pa.schema(missing).empty_table()).types if missing else []
         extra = "".join(f', NULL::{t} AS "{f.name}"' for f, t in zip(missing, types))
         con.execute(f"CREATE OR REPLACE VIEW {table} AS SELECT *{extra} FROM {source}")
+        made.add(table)
     for name, sql in _DERIVED.items():
         needed = {"tasks"} | ({"trajectories"} if "trajectories" in sql else set()) | ({"verdicts"} if "verdicts" in sql else set())
-        if needed <= set(shards):
+        if needed <= made:
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")
-    if {"tasks", "trajectories", "verdicts"} <= set(shards):
+    if {"tasks", "trajectories", "verdicts"} <= made:
         for table in ("necessity", "difficulty", "dedup", "policy_evals", "bfcl_evals", "grpo_steps", "replay_buffer",
                       "loop_rounds"):
-            if table not in shards:
+            if table not in made:
                 _empty_view(con, table)
         for name, sql in {**CURATION_VIEWS, **selection_views()}.items():
             con.execute(f"CREATE OR REPLACE VIEW {name} AS {sql}")

@@ -23,6 +23,13 @@ TRL_SCHEMA = pa.schema(
 )
 
 
+def require_sources(corpus: Corpus, stages: tuple[str, ...]) -> None:
+    """Refuse to export from a damaged corpus (``CorpusDamaged``, one line per shard): a view leaves a damaged
+    batch out, and a dataset missing batches must not pass for the run's. Only the runs of the stages an
+    export reads count (a damaged GRPO step of a train run does not change a split)."""
+    corpus.require_intact([r for r in corpus.runs() if corpus.manifest(r).get("stage") in stages])
+
+
 def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> int:
     """Write accepted reference trajectories as ``messages`` + ``tools`` (TRL's conversational format).
 
@@ -38,6 +45,7 @@ def export_trl(corpus: Corpus, out: str | Path, run_id: str | None = None) -> in
     run_id = run_id or corpus.latest_run()
     if run_id is None:
         raise ValueError(f"no completed run in {corpus.root}; run `synthloop synthesize` first")
+    require_sources(corpus, ("synthesize",))
     con = corpus.connect()
     rows = con.execute(
         "SELECT task_id, domain, messages, tools FROM accepted_trajectories WHERE run_id = ? ORDER BY task_id",
@@ -82,6 +90,7 @@ def export_selection(corpus: Corpus, key: str, out: str | Path) -> int:
     if key not in SELECTIONS:
         raise ValueError(f"unknown selection {key!r}; known: {sorted(SELECTIONS)}")
     selection = SELECTIONS[key]
+    require_sources(corpus, ("synthesize", "curate"))
     con = corpus.connect()
     if "tasks" not in corpus.tables():
         raise ValueError(f"no corpus in {corpus.root}; run `synthloop synthesize` first")

@@ -8,13 +8,14 @@ import hashlib
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
+from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from training.grpo import GRPOSettings
 from training.sft import SFTSettings
 
 
-class EvalSettings(BaseModel):
+class EvalSettings(StrictModel):
     """How a policy is evaluated on the held-out tasks."""
 
     tasks: int = Field(20, ge=1, description="Held-out tasks evaluated (the first ones of the stratified held-out set).")
@@ -25,10 +26,11 @@ class EvalSettings(BaseModel):
                                                              "default's 135M policy solves none deeper; null = all.")
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(StrictModel):
     """One training run: which stages, on which corpus split, evaluated how."""
 
-    run_name: str = Field("train", pattern=r"^[A-Za-z0-9_\-]+$")
+    run_name: RunName = Field("train", description=f"Name of the run; with the config's hash it forms the run id. "
+                                                  f"{RUN_NAME_HELP}")
     sft: SFTSettings | None = Field(default_factory=SFTSettings, description="SFT stage settings; null = skip SFT.")
     grpo: GRPOSettings | None = Field(default_factory=GRPOSettings, description="GRPO stage settings (after SFT "
                                                                                 "when both run); null = skip GRPO.")

@@ -37,21 +37,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from envs import Environment, get_domain
 from generators.agents import ScriptedUser, arun_episode
+from generators.strict import StrictModel
 from schemas import Message, Task, Trajectory, Verdict
 from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
-from training.policy import (StaleWeights, _plain, bf16_available, load_tokenizer, parse_assistant, policy_path,
-                             render, weights_digest)
+from training.policy import (
+    StaleWeights,
+    _plain,
+    bf16_available,
+    load_tokenizer,
+    parse_assistant,
+    policy_path,
+    render,
+    weights_digest,
+)
 from verifiers.checks import verify
 
 OUTCOME = ("required_calls", "state_diff", "answer")
 
 
-class GRPOSettings(BaseModel):
+class GRPOSettings(StrictModel):
     """Knobs of the GRPO stage; the defaults fit a 2-core CPU (a step is a few minutes)."""
 
     policy: str | None = Field(None, description="Starting policy folder; empty = the SFT stage's result, or the "

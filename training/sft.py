@@ -15,16 +15,17 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from envs import Environment, get_domain
+from generators.strict import StrictModel
 from schemas import Task
 from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import bf16_available, load_tokenizer, policy_path, render, weights_digest
 
 
-class SFTSettings(BaseModel):
+class SFTSettings(StrictModel):
     """Knobs of the SFT stage."""
 
     policy: str | None = Field(None, description="Base policy: a transformers folder or hub id; empty = the embedded SmolLM2-135M.")
