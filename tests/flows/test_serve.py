@@ -81,7 +81,11 @@ def test_served_deployment_runs_from_the_api(prefect_server, tmp_path):
         page = httpx.get(ui)  # the single-page UI; it routes /deployments itself, client-side
         assert page.status_code == 200 and "<html" in page.text.lower()
         counts = httpx.post(f"{api}/ui/flows/count-deployments", json={"flow_ids": [found["flow_id"]]})
-        assert counts.status_code == 200 and counts.json() == {found["flow_id"]: 1}  # what the flows page shows
+        # what the flows page shows: every deployment of the flow on this (session-wide) server, ours among them
+        listed = httpx.post(f"{api}/deployments/filter",
+                            json={"flows": {"id": {"any_": [found["flow_id"]]}}}).json()
+        assert found["id"] in {d["id"] for d in listed}
+        assert counts.status_code == 200 and counts.json() == {found["flow_id"]: len(listed)}
 
         # the curate deployment, started through the API with typed parameters (no model: dedup + ablation)
         curate = by_flow["curate"]
