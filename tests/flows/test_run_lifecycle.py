@@ -131,8 +131,8 @@ def namespaces_work() -> bool:
         ["unshare", "-rm", "true"], capture_output=True).returncode == 0
 
 
-@pytest.mark.skipif(not namespaces_work(), reason="no unprivileged user namespaces here")
 def test_a_full_disk_is_one_line_naming_the_file_being_written(prefect_server, tmp_path):
+    assert namespaces_work(), "needs unprivileged user namespaces (the sandbox needs them too)"
     root = tmp_path / "corpus"
     root.mkdir()
     out = subprocess.run(in_namespace(f'mount -t tmpfs -o size=96k tmpfs "{root}"', synthesize_cmd(root, "full", 200)),
@@ -144,8 +144,8 @@ def test_a_full_disk_is_one_line_naming_the_file_being_written(prefect_server, t
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.skipif(not namespaces_work(), reason="no unprivileged user namespaces here")
 def test_a_read_only_corpus_is_one_line_naming_the_path(prefect_server, tmp_path):
+    assert namespaces_work(), "needs unprivileged user namespaces (the sandbox needs them too)"
     root = tmp_path / "corpus"
     root.mkdir()
     setup = f'mount --bind "{root}" "{root}" && mount -o remount,bind,ro "{root}"'
