@@ -58,3 +58,17 @@ def task_from_calls(env, calls, private_share: float = 0.0):
                       sampler_seed=0)
     assert task is not None
     return task
+
+
+def pids_with_marker(marker: str) -> set[int]:
+    """Processes whose command line contains marker (sandbox children carry the entrypoint)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.add(int(entry))
+            except OSError:
+                continue
+    return found

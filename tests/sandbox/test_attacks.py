@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox import INPUT, ONE_SHOT, SERVER, WORK, Limits, SandboxLimits, Spec, run_check, sandboxed
+from tests.helpers import pids_with_marker
 
 REPO = Path(__file__).resolve().parents[2]
 LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5.0, memory_mb=128)
@@ -44,18 +45,6 @@ def unguarded(program: str, *, policy=ONE_SHOT, limits: Limits = Limits(cpu_seco
     lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
     return proc.returncode, lines, err.decode("utf-8", "replace")
 
-
-def sandbox_pids(marker: str) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.add(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 # --- through the guard: stopped and reported -----------------------------------------------------------------
@@ -335,10 +324,10 @@ def test_a_killed_caller_takes_its_sandbox_with_it(tmp_path):
         "    proc.wait()\n")
     with subprocess.Popen([sys.executable, "-c", caller], cwd=REPO, stdout=subprocess.PIPE) as parent:
         assert parent.stdout.readline().strip() == b"started"
-        assert sandbox_pids(marker)
+        assert pids_with_marker(marker)
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     deadline = time.monotonic() + 5
-    while sandbox_pids(marker) and time.monotonic() < deadline:
+    while pids_with_marker(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sandbox_pids(marker) == set()
+    assert pids_with_marker(marker) == set()

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from sandbox import ERROR_KINDS, SandboxLimits, SandboxResult, isolation_report, run_check
+from tests.helpers import pids_with_marker
 
 LIMITS = SandboxLimits(cpu_seconds=1, wall_seconds=3.0, memory_mb=128)
 MARGIN_S = 1.5
@@ -42,19 +43,6 @@ def child_pids() -> set[int]:
                 pids.add(int(entry))
     return pids
 
-
-def pids_with_marker(marker: str) -> set[int]:
-    """Processes whose command line contains marker (sandbox children carry the entrypoint)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.add(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def test_correct_check_returns_value():
