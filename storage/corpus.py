@@ -40,6 +40,7 @@ from storage.integrity import (
     read_marker,
     record_written,
 )
+from storage.locks import alive
 from storage.selections import CURATION_VIEWS, selection_views
 
 DEFAULT_ROOT = Path("data/corpus")
@@ -72,15 +73,6 @@ def _report(problems: list[Problem], root: Path) -> None:
             _REPORTED.add(line)
             log.warning("corpus damage: %s; run `synthloop repair --root %s` to redo it", line, root)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Corpus:
@@ -240,7 +232,7 @@ class Corpus:
         if self.root.exists():
             for tmp in self.root.rglob(".*.tmp"):
                 pid = tmp.name.rsplit(".", 2)[-2]
-                if pid.isdigit() and _alive(int(pid)):
+                if pid.isdigit() and alive(int(pid)):
                     continue
                 tmp.unlink(missing_ok=True)
                 removed += 1
