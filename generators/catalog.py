@@ -1,12 +1,15 @@
-"""Tool catalog import: OpenAI ``tools`` lists, JSON-Schema function specs (BFCL's dialect included) and
-OpenAPI 3 documents, normalised to :class:`schemas.Tool` records.
+"""Tool catalog import: OpenAI ``tools`` lists, JSON-Schema function specs (BFCL's dialect included), MCP
+``tools/list`` results and OpenAPI 3 documents (one file or several that ``$ref`` each other), normalised to
+:class:`schemas.Tool` records.
 
-Every loader is all-or-nothing: it converts and validates every tool of a file first and then returns them
-all, or raises one :class:`CatalogError` that lists each problem with its file, tool and field. Every
-``Tool.parameters`` it returns is a valid JSON Schema (draft 2020-12) of an object, and every tool passes the
-TOOLS table schema.
+Every import is skip-and-report: each tool (each OpenAPI operation) is either imported or listed in
+:attr:`CatalogImport.skipped` with the reason, which names the tool and the field; ``strict=True`` turns any
+such problem into one :class:`CatalogError` that lists them all, and nothing is returned. Every
+``Tool.parameters`` returned is a valid JSON Schema (draft 2020-12) of an object, every ``Tool.name`` is one the
+OpenAI API accepts (``^[a-zA-Z0-9_-]{1,64}$``, unique in the file; the name as written is ``Tool.origin["name"]``),
+and every tool passes the TOOLS table schema.
 
-Whatever the file holds, a loader returns tools or raises :class:`CatalogError`, never another exception:
+Whatever the file holds, an import returns or raises :class:`CatalogError`, never another exception:
 
 - the file must be UTF-8 and hold JSON values only: YAML timestamps are kept as the text written (what the
   same document says in JSON), YAML's non-string keys become strings as ``json.dumps`` writes them, and
@@ -15,27 +18,36 @@ Whatever the file holds, a loader returns tools or raises :class:`CatalogError`,
 - documents and tool schemas nest at most :data:`MAX_DEPTH` levels, documents expand (YAML aliases) to at
   most :data:`MAX_VALUES` values, and one tool's schema to at most :data:`MAX_SCHEMA_NODES` once its
   OpenAPI ``$ref``s are inlined (each target is expanded once, so fanned-out references cost their size,
-  not 2**depth copies), and a file's operations to at most :data:`EXPANSION_FACTOR` times the document;
-- nothing is ever fetched: a ``$ref`` must resolve inside its own document, and validators built from the
-  imported schemas (:func:`envs.base.argument_validator`) refuse retrieval as well.
+  not 2**depth copies), and a file's operations to at most :data:`EXPANSION_FACTOR` times the documents;
+- nothing is ever fetched: an OpenAPI ``$ref`` resolves inside its document or in another file under the root
+  document's folder (at most :data:`MAX_FILES` of them), never a URL; a function spec's ``$ref`` must resolve
+  inside its own schema; and validators built from the imported schemas (:func:`envs.base.argument_validator`)
+  refuse retrieval as well.
 
 Example:
-    >>> tools = load_catalog("tools.json")                    # format detected from the content
+    >>> result = import_catalog("openapi.yaml")               # format detected from the content
+    >>> result.tools, result.skipped                          # [Tool, ...], [("operation GET /x 'x'", why), ...]
+    >>> tools = load_catalog("tools.json")                    # just the tools (warns if some were skipped)
     >>> bfcl = load_bfcl_catalog(storage.external.default_bfcl_root())  # all function docs of the five files
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import re
 import reprlib
 import sys
+import time
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import jsonschema
 import jsonschema_specifications
@@ -51,7 +63,8 @@ try:
 except ImportError:  # YAML is optional: JSON documents need nothing beyond our declared dependencies
     yaml = None
 
-Format = Literal["auto", "openai", "jsonschema", "bfcl", "openapi"]
+Format = Literal["auto", "openai", "jsonschema", "bfcl", "openapi", "mcp"]
+FORMATS = ("auto", "openai", "jsonschema", "bfcl", "openapi", "mcp")
 BFCL_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 
 MAX_DEPTH = 64
@@ -63,12 +76,27 @@ MAX_SCHEMA_NODES = 20_000
 """Values one tool's parameters (or returns) schema may hold once its ``$ref``s are inlined (real specs: < 1,000;
 checking a schema against the metaschema costs ~0.1 ms a value, so this bounds one tool to ~2 s)."""
 EXPANSION_FACTOR = 10
-"""All of an OpenAPI file's operations together may expand to this many times the document's own values (plus
+"""All of an OpenAPI file's operations together may expand to this many times the documents' own values (plus
 one tool's worth): many operations that share one large definition cannot multiply it (real specs: < 1×)."""
+MAX_FILES = 256
+"""Files one OpenAPI description may read through relative ``$ref``s, its own included."""
+MAX_NAME = 64
+"""Longest tool name the OpenAI API accepts."""
 
 _TOOLS = TABLES["tools"]
 _JSON_TYPES = ("array", "boolean", "integer", "null", "number", "object", "string")
-_BFCL_TYPES: dict[str, str | None] = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+# BFCL's type names: Python's (simple, multiple, ...), Java's and JavaScript's (its java / javascript categories).
+_BFCL_TYPES: dict[str, str | None] = {
+    "dict": "object", "float": "number", "tuple": "array", "any": None, "Any": None,
+    "str": "string", "String": "string", "char": "string", "Character": "string",
+    "int": "integer", "Integer": "integer", "long": "integer", "Long": "integer", "short": "integer",
+    "Short": "integer", "byte": "integer", "Byte": "integer", "BigInteger": "integer",
+    "double": "number", "Double": "number", "Float": "number", "Number": "number", "BigDecimal": "number",
+    "bool": "boolean", "Boolean": "boolean",
+    "list": "array", "List": "array", "Array": "array", "ArrayList": "array", "LinkedList": "array",
+    "Set": "array", "HashSet": "array",
+    "HashMap": "object", "Map": "object", "TreeMap": "object", "Object": "object", "Dict": "object",
+}
 _HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 _SAFE_METHODS = {"get", "head", "options"}
 _PARAMETER_PLACES = ("path", "query", "header", "cookie")
@@ -78,7 +106,7 @@ _FUNCTION_SPEC = {
     "type": "object",
     "required": ["name"],
     "properties": {
-        "name": _TOOLS.json_schema["properties"]["name"],  # the TOOLS table's own rule, so imports always store
+        "name": {"type": "string", "minLength": 1},  # made an OpenAI-valid name by _collect, the original kept
         "description": {"type": "string"},
         "parameters": {"type": "object"},
         "returns": {"type": "object"},
@@ -89,14 +117,29 @@ _OPENAI_TOOL = {
     "required": ["type", "function"],
     "properties": {"type": {"const": "function"}, "function": {"type": "object"}},
 }
+_MCP_TOOL = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string", "minLength": 1},
+        "title": {"type": "string"},
+        "description": {"type": "string"},
+        "inputSchema": {"type": "object"},
+        "outputSchema": {"type": "object"},
+        "annotations": {"type": "object"},
+        "mutates": {"type": "boolean"},
+    },
+}
 _BFCL_QUESTION = {"type": "object", "required": ["function"], "properties": {"function": {"type": "array"}}}
 _OPENAPI_DOC = {
     "type": "object",
-    "required": ["openapi", "paths"],
-    "properties": {"openapi": {"type": "string", "pattern": r"^3\."}, "paths": {"type": "object"}},
+    "required": ["openapi"],
+    "properties": {"openapi": {"type": "string", "pattern": r"^3\."}, "paths": {"type": "object"},
+                   "webhooks": {"type": "object"}},
 }
 _VALIDATORS = {
-    id(s): jsonschema.Draft202012Validator(s) for s in (_FUNCTION_SPEC, _OPENAI_TOOL, _BFCL_QUESTION, _OPENAPI_DOC)
+    id(s): jsonschema.Draft202012Validator(s)
+    for s in (_FUNCTION_SPEC, _OPENAI_TOOL, _MCP_TOOL, _BFCL_QUESTION, _OPENAPI_DOC)
 }
 # The metaschemas plus a retrieve that refuses: how validation will resolve a tool's $refs, so the import check
 # sees exactly what validation would.
@@ -114,6 +157,10 @@ class CatalogError(ValueError):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         head = self.problems[0] if len(self.problems) == 1 else f"{len(self.problems)} problems:\n  "
         super().__init__(head if len(self.problems) == 1 else head + "\n  ".join(self.problems))
+
+
+class CatalogWarning(UserWarning):
+    """Some tools of a catalog file were skipped by :func:`load_catalog`; the message lists each and why."""
 
 
 class _FieldError(Exception):
@@ -141,40 +188,114 @@ def _show(value: Any) -> str:
 # --- entry points -----------------------------------------------------------------------------------------
 
 
-def load_catalog(path: str | os.PathLike, *, format: Format = "auto", domain: str | None = None) -> list[Tool]:
-    """Import every tool of one catalog file.
+@dataclass
+class CatalogImport:
+    """What one catalog file gave: the tools imported and, for everything else, why not.
+
+    Attributes:
+        tools: The imported tools, in file order.
+        skipped: ``(label, reason)`` for every tool or operation not imported, e.g.
+            ``("operation POST /pets 'createPet'", "field requestBody...: '#/nope' points at nothing")``.
+        format: The format read: ``"openai"``, ``"jsonschema"``, ``"bfcl"``, ``"openapi"`` or ``"mcp"``.
+        file: The path of the file as given.
+        seconds: How long the import took.
+        content_hash: SHA-256 (hex) of the bytes read: the file's own for one file (what ``sha256sum`` prints);
+            for an OpenAPI description spread over several files, of each file's relative path and SHA-256.
+        notes: Remarks about the file as a whole, e.g. that a 3.1 document has webhooks but no paths.
+        files: Every file read, the root first.
+    """
+
+    tools: list[Tool]
+    skipped: list[tuple[str, str]]
+    format: str
+    file: str
+    seconds: float
+    content_hash: str
+    notes: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """Each skipped entry as ``"<file>: <label>: <reason>"`` (how :class:`CatalogError` lists them)."""
+        name = Path(self.file).name
+        return [f"{name}: {label}: {reason}" for label, reason in self.skipped]
+
+
+def import_catalog(
+    path: str | os.PathLike, *, format: Format = "auto", domain: str | None = None, strict: bool = False
+) -> CatalogImport:
+    """Import the tools of one catalog file, skipping (and reporting) those that cannot be imported.
 
     Args:
         path: A JSON, JSON-lines or (if PyYAML is installed) YAML file: an OpenAI ``tools`` list (or
-            ``{"tools": [...]}``), a list of ``{name, description, parameters}`` specs, a BFCL question file, or
-            an OpenAPI 3 document.
+            ``{"tools": [...]}``), a list of ``{name, description, parameters}`` specs, a BFCL question file, an
+            MCP ``tools/list`` result (``{"tools": [{name, inputSchema, ...}]}``, a bare list of such, or the
+            JSON-RPC response holding it), or an OpenAPI 3 document (whose relative ``$ref``s may name other
+            files under its folder).
         format: ``"auto"`` detects the format from the content; or one of ``"openai"``, ``"jsonschema"``,
-            ``"bfcl"``, ``"openapi"``.
+            ``"bfcl"``, ``"openapi"``, ``"mcp"``.
         domain: ``Tool.domain`` of every tool; defaults to ``"bfcl:<category>"`` for BFCL files and to the
             file's stem otherwise.
+        strict: Raise instead of skipping: if any tool has a problem, one :class:`CatalogError` lists them all.
 
     Returns:
-        All tools of the file, in file order.
+        The tools imported and every one skipped, with its reason.
 
     Raises:
-        CatalogError: If anything in the file is malformed (or the file cannot be read); then no tool is
-            returned. No other exception comes out of a file's content.
+        CatalogError: If the file as a whole cannot be read (not there, not UTF-8, not JSON or YAML, a
+            Swagger 2 document, not a list of tools), or with ``strict=True`` if any tool has a problem. No
+            other exception comes out of a file's content.
         ValueError: If ``format`` is not one of the formats above (a caller's mistake, not the file's).
     """
-    if format not in ("auto", "openai", "jsonschema", "bfcl", "openapi"):
-        raise ValueError(f"format {format!r} is not one of auto, openai, jsonschema, bfcl, openapi")
+    if format not in FORMATS:
+        raise ValueError(f"format {format!r} is not one of {', '.join(FORMATS)}")
+    start = time.perf_counter()
     path = Path(path)
     with _reported(path.name):
-        data = _read(path)
+        files = _Files(path)
+        data = files.root()
         fmt = _detect(data, path.name) if format == "auto" else format
+        notes: list[str] = []
         if fmt == "bfcl":
-            return _from_bfcl(_records(data), path.name, domain or _bfcl_domain(path))
-        domain = domain or path.stem
-        if fmt == "openai":
-            return _from_openai(data, path.name, domain)
-        if fmt == "jsonschema":
-            return _from_specs(_records(data), path.name, domain)
-        return _from_openapi(data, path.name, domain)
+            tools, skipped = _bfcl_entries(_records(data), path.name, domain or _bfcl_domain(path))
+        else:
+            domain = domain or path.stem
+            if fmt == "openai":
+                tools, skipped = _from_openai(data, path.name, domain)
+            elif fmt == "jsonschema":
+                tools, skipped = _from_specs(_records(data), path.name, domain)
+            elif fmt == "mcp":
+                tools, skipped = _from_mcp(data, path.name, domain)
+            else:
+                tools, skipped, notes = _from_openapi(data, files, domain)
+    result = CatalogImport(tools=tools, skipped=skipped, format=fmt, file=str(path),
+                           seconds=time.perf_counter() - start, content_hash=files.content_hash(),
+                           notes=notes, files=files.names())
+    if strict and skipped:
+        raise CatalogError(result.problems)
+    return result
+
+
+def load_catalog(
+    path: str | os.PathLike, *, format: Format = "auto", domain: str | None = None, strict: bool = False
+) -> list[Tool]:
+    """The tools of one catalog file (see :func:`import_catalog`, which also says what was skipped and why).
+
+    Returns:
+        The imported tools, in file order. If some were skipped a :class:`CatalogWarning` lists them.
+
+    Raises:
+        CatalogError: As :func:`import_catalog`, and also if tools were skipped and none imported (a file whose
+            every tool is broken is a broken file).
+    """
+    result = import_catalog(path, format=format, domain=domain, strict=strict)
+    if result.skipped and not result.tools:
+        raise CatalogError(result.problems)
+    if result.skipped:
+        shown = result.problems[:10] + ([f"... and {len(result.skipped) - 10} more"] if len(result.skipped) > 10 else [])
+        warnings.warn(CatalogWarning(f"{Path(path).name}: {len(result.tools)} tools imported, "
+                                     f"{len(result.skipped)} skipped:\n  " + "\n  ".join(shown)), stacklevel=2)
+    return result.tools
 
 
 def load_bfcl_functions(path: str | os.PathLike, *, domain: str | None = None) -> list[Tool]:
@@ -182,18 +303,17 @@ def load_bfcl_functions(path: str | os.PathLike, *, domain: str | None = None) -
 
     BFCL repeats a function in many questions, and some names carry a different definition in different
     questions (see :func:`bfcl_name_variants`); the first definition is kept, as tool names must be unique
-    within a domain. Verification is unaffected: it reads each question's own function docs.
+    within a domain. Verification is unaffected: it reads each question's own function docs. Names are made
+    OpenAI-valid (``math.factorial`` → ``math_factorial``); ``Tool.origin["name"]`` keeps BFCL's.
 
     Args:
         path: A ``BFCL_v4_<category>.json`` file (one question per line, each with a ``"function"`` list).
         domain: Defaults to ``"bfcl:<category>"``.
 
     Raises:
-        CatalogError: As :func:`load_catalog`.
+        CatalogError: If any question or function doc has a problem (all are listed); nothing is returned.
     """
-    path = Path(path)
-    with _reported(path.name):
-        return _from_bfcl(_records(_read(path)), path.name, domain or _bfcl_domain(path))
+    return import_catalog(path, format="bfcl", domain=domain, strict=True).tools
 
 
 def bfcl_name_variants(path: str | os.PathLike) -> dict[str, list[str]]:
@@ -211,7 +331,7 @@ def bfcl_name_variants(path: str | os.PathLike) -> dict[str, list[str]]:
     first: dict[str, str] = {}
     variants: dict[str, list[str]] = {}
     with _reported(path.name):
-        for question in _records(_read(path)):
+        for question in _records(_Files(path).root()):
             specs = question.get("function") if isinstance(question, dict) else None
             for k, spec in enumerate(specs if isinstance(specs, list) else [], 1):
                 name = spec.get("name") if isinstance(spec, dict) else None
@@ -248,6 +368,31 @@ def load_bfcl_catalog(root: str | os.PathLike) -> list[Tool]:
     return tools
 
 
+def openai_tool_name(name: str) -> str:
+    """``name`` as the OpenAI API accepts a tool name (``^[a-zA-Z0-9_-]{1,64}$``, and starting with a letter or
+    ``_`` as the TOOLS table wants): other characters become ``_``, and a name too long keeps its first 55
+    characters and gains ``_`` and 8 hex digits of its SHA-256, so that long names that share a start differ.
+
+    Example:
+        >>> openai_tool_name("find pet by id"), openai_tool_name("math.factorial")
+        ('find_pet_by_id', 'math_factorial')
+    """
+    safe = re.sub(r"[^A-Za-z0-9_-]+", "_", name) or "_"
+    if not (safe[0].isalpha() or safe[0] == "_"):
+        safe = "_" + safe
+    if len(safe) > MAX_NAME:
+        safe = f"{safe[:MAX_NAME - 9]}_{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    return safe
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    out, n = name, 1
+    while out in taken:
+        n += 1
+        out = f"{name[:MAX_NAME - len(str(n)) - 1]}_{n}"
+    return out
+
+
 @contextmanager
 def _reported(file: str) -> Iterator[None]:
     """Turn anything that still escapes the checks below into a CatalogError naming the file.
@@ -268,13 +413,94 @@ def _reported(file: str) -> Iterator[None]:
 # --- reading and detecting ----------------------------------------------------------------------------------
 
 
+class _Files:
+    """The files one import reads: the root, and for OpenAPI those its relative ``$ref``s name.
+
+    A referenced file must lie under the root file's folder (after resolving ``..`` and links) and is read
+    once; a URL is never fetched. Each file's SHA-256 is kept for :attr:`CatalogImport.content_hash`.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.key = str(path.resolve())
+        except (OSError, RuntimeError):  # a loop of links, a name the system refuses: reading it will say so
+            self.key = str(path.absolute())
+        self.folder = Path(self.key).parent
+        self.docs: dict[str, Any] = {}
+        self.digests: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+        self.on_load: Callable[[int], None] | None = None
+
+    def root(self) -> Any:
+        self.docs[self.key] = self._read(self.path, self.key)
+        return self.docs[self.key]
+
+    def _read(self, path: Path, key: str) -> Any:
+        raw = _read_bytes(path)
+        self.digests[key] = hashlib.sha256(raw).hexdigest()
+        return _parse(path, raw)
+
+    def relative(self, key: str) -> str:
+        try:
+            return Path(key).relative_to(self.folder).as_posix()
+        except ValueError:
+            return Path(key).name
+
+    def names(self) -> list[str]:
+        return [self.relative(k) for k in self.digests]
+
+    def content_hash(self) -> str:
+        if len(self.digests) <= 1:
+            return next(iter(self.digests.values()), hashlib.sha256(b"").hexdigest())
+        lines = sorted(f"{self.relative(k)}\0{d}\n" for k, d in self.digests.items())
+        return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+    def load(self, target: str, base: str, ref: str, field: str) -> str:
+        """The key of the document a ``$ref``'s file part names, read if need be; ``_FieldError`` if refused."""
+        written = "" if base == self.key else f" (written in {self.relative(base)})"
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", target) or target.startswith("//"):
+            raise _FieldError(field, f"{_show(ref)}{written} is a URL, and nothing is ever fetched; save the document "
+                                     f"beside {self.path.name} and refer to it by a relative path")
+        try:
+            resolved = (Path(base).parent / unquote(target)).resolve()
+        except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a loop of links
+            raise _FieldError(field, f"{_show(ref)}{written} names no file that can be read ({e})") from None
+        if not resolved.is_relative_to(self.folder):
+            raise _FieldError(field, f"{_show(ref)}{written} leads outside {self.folder.name}/, the folder of "
+                                     f"{self.path.name}; only files under it are read")
+        key = str(resolved)
+        if key in self.failed:
+            raise _FieldError(field, self.failed[key])
+        if key not in self.docs:
+            if len(self.docs) >= MAX_FILES:
+                raise _FieldError(field, f"{_show(ref)}{written}: the description reads more than {MAX_FILES} files; "
+                                         "bundle it into fewer")
+            try:
+                self.docs[key] = self._read(resolved, key)
+            except CatalogError as e:
+                self.failed[key] = f"{_show(ref)}{written}: {e}"
+                raise _FieldError(field, self.failed[key]) from None
+            if self.on_load is not None:
+                self.on_load(_extent(self.docs[key])[0])
+        return key
+
+
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise CatalogError(
+            f"{path.name}: cannot be read ({e.strerror or e}); check the path and its permissions") from None
+
+
 def _read(path: Path) -> Any:
     """The file's document as JSON values (see :func:`_plain`), or a CatalogError saying where it is not."""
+    return _parse(path, _read_bytes(path))
+
+
+def _parse(path: Path, raw: bytes) -> Any:
     file = path.name
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise CatalogError(f"{file}: cannot be read ({e.strerror or e}); check the path and its permissions") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -485,8 +711,11 @@ def _detect(data: Any, file: str) -> str:
             return "openapi"
         if "swagger" in data:
             raise CatalogError(f"{file}: field swagger: Swagger 2 is not supported; convert it to OpenAPI 3 first")
+        if isinstance(data.get("result"), dict) and "tools" in data["result"]:  # a JSON-RPC tools/list response
+            return "mcp"
         if "tools" in data:
-            return "openai"
+            tools = data["tools"]
+            return "mcp" if isinstance(tools, list) and tools and _is_mcp(tools[0]) else "openai"
         data = [data]
     if isinstance(data, list):
         first = data[0] if data else {}
@@ -494,8 +723,12 @@ def _detect(data: Any, file: str) -> str:
             return "bfcl"
         if isinstance(first, dict) and (first.get("type") == "function" or isinstance(first.get("function"), dict)):
             return "openai"
-        return "jsonschema"
+        return "mcp" if _is_mcp(first) else "jsonschema"
     raise CatalogError(f"{file}: expected a list of tools or an OpenAPI document, got {type(data).__name__}")
+
+
+def _is_mcp(entry: Any) -> bool:
+    return isinstance(entry, dict) and ("inputSchema" in entry or "outputSchema" in entry) and "parameters" not in entry
 
 
 def _records(data: Any) -> list[Any]:
@@ -509,8 +742,10 @@ def _bfcl_domain(path: Path) -> str:
 
 # --- the formats -------------------------------------------------------------------------------------------
 
+Skipped = list[tuple[str, str]]
 
-def _from_openai(data: Any, file: str, domain: str) -> list[Tool]:
+
+def _from_openai(data: Any, file: str, domain: str) -> tuple[list[Tool], Skipped]:
     entries = data.get("tools") if isinstance(data, dict) else data
     if not isinstance(entries, list):
         raise CatalogError(f"{file}: field tools: expected a list of {{'type': 'function', 'function': ...}}")
@@ -520,34 +755,88 @@ def _from_openai(data: Any, file: str, domain: str) -> list[Tool]:
         _check(_OPENAI_TOOL, entry)
         return _function_tool(entry["function"], domain=domain, source=source)
 
-    return _collect(file, [(_label(i, _name_of(e, openai=True)), e, build) for i, e in enumerate(entries, 1)])
+    return _collect([(_label(i, _name_of(e, openai=True)), e, build) for i, e in enumerate(entries, 1)])
 
 
-def _from_specs(specs: list[Any], file: str, domain: str) -> list[Tool]:
+def _from_specs(specs: list[Any], file: str, domain: str) -> tuple[list[Tool], Skipped]:
     source = f"jsonschema:{file}"
 
     def build(spec: Any) -> Tool:
         return _function_tool(spec, domain=domain, source=source)
 
-    return _collect(file, [(_label(i, _name_of(s)), s, build) for i, s in enumerate(specs, 1)])
+    return _collect([(_label(i, _name_of(s)), s, build) for i, s in enumerate(specs, 1)])
 
 
-def _from_bfcl(questions: list[Any], file: str, domain: str) -> list[Tool]:
+def _from_mcp(data: Any, file: str, domain: str) -> tuple[list[Tool], Skipped]:
+    if isinstance(data, dict) and isinstance(data.get("result"), dict):
+        data = data["result"]
+    entries = data.get("tools") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise CatalogError(f"{file}: field tools: expected a list of {{'name': ..., 'inputSchema': ...}}")
+    source = f"mcp:{file}"
+
+    def build(entry: Any) -> Tool:
+        _check(_MCP_TOOL, entry)
+        annotations = entry.get("annotations")
+        if isinstance(entry.get("mutates"), bool):
+            mutates = entry["mutates"]
+        elif annotations is None:
+            mutates = None  # the server said nothing
+        else:  # MCP's defaults: a tool may change its world unless it says readOnlyHint
+            mutates = annotations.get("readOnlyHint") is not True or annotations.get("destructiveHint") is True
+        title = entry.get("title") or (annotations or {}).get("title")
+        output = entry.get("outputSchema")
+        return Tool(
+            name=entry["name"],
+            description=entry.get("description") or (title if isinstance(title, str) else "") or "",
+            parameters=_parameters(entry.get("inputSchema"), field="inputSchema"),
+            domain=domain,
+            returns=None if output is None else _schema(output, "outputSchema"),
+            source=source,
+            mutates=mutates,
+            origin={"kind": "mcp", "name": entry["name"], "annotations": annotations or {}},
+        )
+
+    return _collect([(_label(i, _name_of(e)), e, build) for i, e in enumerate(entries, 1)])
+
+
+def _bfcl_entries(questions: list[Any], file: str, domain: str) -> tuple[list[Tool], Skipped]:
     source = f"bfcl:{file}"
-    entries, problems = [], []
+    entries, skipped = [], []
     for n, question in enumerate(questions, 1):
         qid = question.get("id") if isinstance(question, dict) else None
         qid = qid if isinstance(qid, (str, int)) and not isinstance(qid, bool) else f"#{n}"
         try:
             _check(_BFCL_QUESTION, question)
         except _FieldError as e:
-            problems.append(f"{file}: question {qid}: {e}")
+            skipped.append((f"question {qid}", str(e)))
             continue
         for k, spec in enumerate(question["function"], 1):
             name = spec.get("name") if isinstance(spec, dict) else None
             label = f"question {qid} function #{k}" + (f" {_show(name)}" if isinstance(name, str) else "")
             entries.append((label, spec, lambda s: _function_tool(s, domain=domain, source=source)))
-    return _collect(file, entries, duplicates="first", problems=problems)
+    tools, more = _collect(entries, duplicates="first")
+    return tools, skipped + more
+
+
+def _from_bfcl(questions: list[Any], file: str, domain: str) -> list[Tool]:
+    """BFCL questions' tools as BFCL names them (dots kept), all or none: what the BFCL evaluation offers."""
+    entries = []
+    skipped: Skipped = []
+    for n, question in enumerate(questions, 1):
+        qid = question.get("id") if isinstance(question, dict) else f"#{n}"
+        try:
+            _check(_BFCL_QUESTION, question)
+        except _FieldError as e:
+            skipped.append((f"question {qid}", str(e)))
+            continue
+        for k, spec in enumerate(question["function"], 1):
+            entries.append((f"question {qid} function #{k}", spec,
+                            lambda s: _function_tool(s, domain=domain, source=f"bfcl:{file}")))
+    tools, more = _collect(entries, duplicates="first", names="keep")
+    if skipped or more:
+        raise CatalogError([f"{file}: {label}: {reason}" for label, reason in skipped + more])
+    return tools
 
 
 def _function_tool(spec: Any, *, domain: str, source: str) -> Tool:
@@ -560,41 +849,78 @@ def _function_tool(spec: Any, *, domain: str, source: str) -> Tool:
         domain=domain,
         returns=None if returns is None else _schema(returns, "returns"),
         source=source,
+        mutates=spec["mutates"] if isinstance(spec.get("mutates"), bool) else None,
+        origin={"kind": "function", "name": spec["name"]},
     )
 
 
-def _from_openapi(doc: Any, file: str, domain: str) -> list[Tool]:
+def _from_openapi(doc: Any, files: _Files, domain: str) -> tuple[list[Tool], Skipped, list[str]]:
+    file = files.path.name
     try:
         _check(_OPENAPI_DOC, doc)
     except _FieldError as e:
         raise CatalogError(f"{file}: {e}") from None
-    entries = []
+    notes = []
+    hooks = doc.get("webhooks") or {}
+    if hooks:
+        notes.append(f"{len(hooks)} webhook(s) not imported ({_clip(', '.join(map(str, hooks)))}): the API calls "
+                     "them, a client does not")
+    if "paths" not in doc:
+        if doc["openapi"].startswith("3.0"):
+            raise CatalogError(f"{file}: field paths: missing; an OpenAPI 3.0 document must have paths")
+        notes.insert(0, "no paths: 0 operations to import (an OpenAPI 3.1 document may describe only webhooks "
+                        "or components)")
+        return [], [], notes
     budget = _Budget(MAX_SCHEMA_NODES + EXPANSION_FACTOR * _extent(doc)[0])
+    files.on_load = budget.grow
+    source = f"openapi:{file}"
+    entries: list[tuple[str, Any, Callable[[Any], Tool]]] = []
+    skipped: Skipped = []
+    callbacks = 0
     for route, item in doc["paths"].items():
-        if not isinstance(item, dict):
-            raise CatalogError(f"{file}: field paths.{_clip(route)}: expected a path item object, got {_show(item)}")
+        try:
+            item, base = _RefResolver(files, budget).follow(item, f"paths.{route}", files.key)
+            if not isinstance(item, dict):
+                raise _FieldError(f"paths.{route}", f"expected a path item object, got {_show(item)}")
+        except _FieldError as e:
+            skipped.append((f"path {_clip(route)}", str(e)))
+            continue
         for method in _HTTP_METHODS:
             if method in item:
                 op = item[method]
-                name = op.get("operationId") if isinstance(op, dict) else None
-                name = name if isinstance(name, str) and name else _operation_name(method, route)
+                try:  # an operation by $ref is named by the operation it refers to
+                    shown, _ = _RefResolver(files, budget).follow(op, method, base)
+                except _FieldError:
+                    shown = op  # building it will report why
+                if isinstance(shown, dict) and isinstance(shown.get("callbacks"), dict):
+                    callbacks += len(shown["callbacks"])
+                written = shown.get("operationId") if isinstance(shown, dict) else None
+                written = written if isinstance(written, str) and written else None
+                name = written or _operation_name(method, route)
                 label = f"operation {method.upper()} {_clip(route)} {_show(name)}"
-                entries.append((label, op, lambda o, r=route, m=method, i=item, n=name: _operation_tool(
-                    doc, r, m, i, o, name=n, domain=domain, source=f"openapi:{file}", budget=budget)))
-    return _collect(file, entries)
+                entries.append((label, op, lambda o, r=route, m=method, i=item, b=base, n=name, w=written:
+                                _operation_tool(files, r, m, i, b, o, name=n, written=w, domain=domain,
+                                                source=source, budget=budget)))
+    tools, more = _collect(entries)
+    if callbacks:
+        notes.append(f"{callbacks} callback(s) not imported: the API calls them, a client does not")
+    return tools, skipped + more, notes
 
 
 def _operation_tool(
-    doc: dict, route: str, method: str, item: dict, op: Any, *, name: str, domain: str, source: str, budget: _Budget
+    files: _Files, route: str, method: str, item: dict, item_base: str, op: Any, *, name: str, written: str | None,
+    domain: str, source: str, budget: _Budget,
 ) -> Tool:
+    refs = _RefResolver(files, budget)
+    op, op_base = refs.follow(op, method, item_base)
     if not isinstance(op, dict):
         raise _FieldError(method, f"expected an operation object, got {_show(op)}")
     for key in ("operationId", "summary", "description"):
         if op.get(key) is not None and not isinstance(op[key], str):
             raise _FieldError(key, f"expected a string, got {_show(op[key])}")
-    refs = _RefResolver(doc, budget)
     declared: dict[tuple[str, str], tuple[dict, str]] = {}  # operation-level parameters override path-level ones
-    for scope, plist in (("path item", item.get("parameters")), ("operation", op.get("parameters"))):
+    for scope, plist, base in (("path item", item.get("parameters"), item_base),
+                               ("operation", op.get("parameters"), op_base)):
         if plist is None:
             continue
         if not isinstance(plist, list):
@@ -602,10 +928,11 @@ def _operation_tool(
                                             f"got {_show(plist)}")
         for i, param in enumerate(plist):
             at = f"parameters.{i}"
-            param = refs.inline(param, at)
+            param = refs.inline(param, at, base)
             _check_parameter(param, at, scope)
             declared[param["in"], param["name"]] = param, at
     props: dict[str, Any] = {}
+    args: dict[str, dict[str, str]] = {}
     required: list[str] = []
     for (where, pname), (param, at) in declared.items():
         if where == "cookie":
@@ -613,61 +940,49 @@ def _operation_tool(
         schema = param.get("schema") or _content_schema(param.get("content"), f"{at}.content")[1] or {}
         if "description" in param and isinstance(schema, dict) and "description" not in schema:
             schema = {**schema, "description": param["description"]}
-        props[pname] = schema
+        arg = _argument(pname, where, props)
+        props[arg] = schema
+        args[arg] = {"in": where, "name": pname}
         if param.get("required") is True or where == "path":
-            required.append(pname)
+            required.append(arg)
+    body_kind, media = None, None
     body = op.get("requestBody")
     if body is not None:
-        body = refs.inline(body, "requestBody")
+        body = refs.inline(body, "requestBody", op_base)
         if not isinstance(body, dict):
             raise _FieldError("requestBody", f"expected a request body object, got {_show(body)}")
         if not isinstance(body.get("required", False), bool):
             raise _FieldError("requestBody.required", f"expected true or false, got {_show(body['required'])}")
         media, schema = _content_schema(body.get("content"), "requestBody.content")
         at = f"requestBody.content.{media}.schema"
-        if isinstance(schema, dict) and (schema.get("type") == "object" or "properties" in schema):
-            fields = schema.get("properties")
-            if fields is not None and not isinstance(fields, dict):
-                raise _FieldError(
-                    f"{at}.properties", f"expected an object mapping names to schemas, got {_show(fields)}")
+        media = media or None
+        if isinstance(schema, dict):
+            schema = _normalize(schema, at, openapi=True)  # plain allOf compositions merged into one object
+        fields = schema.get("properties") if isinstance(schema, dict) else None
+        if isinstance(fields, dict) and fields and schema.get("type", "object") == "object" and not (
+                _COMPOSITIONS & schema.keys()):
+            body_kind = "object"
             needed = schema.get("required", [])
-            if not isinstance(needed, list) or not all(isinstance(r, str) for r in needed):
-                raise _FieldError(f"{at}.required", f"expected a list of property names, got {_show(needed)} "
-                                                    '(one name is written ["name"])')
-            for key, sub in (fields or {}).items():
-                if key in props:
-                    raise _FieldError(
-                        f"requestBody.properties.{key}", f"clashes with the parameter {key!r}; rename one of them"
-                    )
-                props[key] = sub
-            required += needed if body.get("required") else []
-        elif schema is not None:  # a non-object body (an array, a string) becomes one argument
-            if "body" in props:
-                raise _FieldError(at, "the body would be the argument 'body', which a parameter already is; rename it")
-            props["body"] = schema
-            required += ["body"] if body.get("required") else []
+            for key, sub in fields.items():
+                arg = _argument(key, "body", props)
+                props[arg] = sub
+                args[arg] = {"in": "body", "name": key}
+                if body.get("required") and key in needed:
+                    required.append(arg)
+        elif schema is not None:  # any other body (an array, a string, a free-form object) becomes one argument
+            body_kind = "value"
+            arg = _argument("body", "body", props)
+            props[arg] = schema
+            args[arg] = {"in": "body", "name": ""}
+            required += [arg] if body.get("required") else []
     parameters: dict[str, Any] = {"type": "object", "properties": props}
     if required:
         parameters["required"] = required
     if defs := refs.definitions():
         parameters["$defs"] = defs
-    responses = op.get("responses")
-    if responses is not None and not isinstance(responses, dict):
-        raise _FieldError("responses", f"expected an object mapping status codes to responses, got {_show(responses)}")
-    returns = None
-    for code in ("200", "201"):
-        response = (responses or {}).get(code)  # YAML's unquoted 200 was made "200" when the file was read
-        if response is not None:
-            refs = _RefResolver(doc, budget)
-            response = refs.inline(response, f"responses.{code}")
-            if not isinstance(response, dict):
-                raise _FieldError(f"responses.{code}", f"expected a response object, got {_show(response)}")
-            schema = _content_schema(response.get("content"), f"responses.{code}.content")[1]
-            if schema is not None:
-                defs = refs.definitions()
-                returns = _schema({**schema, "$defs": defs} if defs else schema, f"responses.{code}", openapi=True)
-                break
+    returns, responses, links = _responses(files, op, op_base, budget)
     texts = dict.fromkeys(t for t in (op.get("summary"), op.get("description")) if isinstance(t, str) and t)
+    hint = op.get("x-mutates", op.get("mutates"))
     return Tool(
         name=name,
         description="\n\n".join(texts) or f"{method.upper()} {route}",
@@ -675,8 +990,70 @@ def _operation_tool(
         domain=domain,
         returns=returns,
         source=source,
-        mutates=method not in _SAFE_METHODS,
+        mutates=hint if isinstance(hint, bool) else method not in _SAFE_METHODS,
+        origin={"kind": "openapi", "name": written, "method": method, "path": route, "args": args,
+                "body": body_kind, "media": media if body_kind else None, "server": _server(op, item, files),
+                "links": links, "responses": responses},
     )
+
+
+_COMPOSITIONS = {"allOf", "anyOf", "oneOf", "$ref", "not", "if"}
+
+
+def _server(op: dict, item: dict, files: _Files) -> str | None:
+    """The first server URL that applies to an operation (its own, its path item's, the document's), as written:
+    it may hold ``{variables}`` and be relative to where the description was found."""
+    for scope in (op, item, files.docs[files.key]):
+        servers = scope.get("servers") if isinstance(scope, dict) else None
+        if isinstance(servers, list) and servers and isinstance(servers[0], dict):
+            url = servers[0].get("url")
+            if isinstance(url, str):
+                return url
+    return None
+
+
+def _argument(name: str, where: str, taken: dict[str, Any]) -> str:
+    """The argument name of a parameter or body field: its own, or prefixed (``body_Sid``) if already taken."""
+    if name not in taken:
+        return name
+    return _unique(f"{where}_{name}", set(taken))
+
+
+def _responses(files: _Files, op: dict, base: str, budget: _Budget) -> tuple[dict | None, dict, list]:
+    """``(returns, responses, links)`` of an operation: the 200/201 (else first 2xx) JSON schema, every declared
+    2xx/4xx status with its schema (``None`` where it has none), and the response links."""
+    responses = op.get("responses")
+    if responses is None:
+        return None, {}, []
+    if not isinstance(responses, dict):
+        raise _FieldError("responses", f"expected an object mapping status codes to responses, got {_show(responses)}")
+    codes = [c for c in responses if re.fullmatch(r"[24](\d\d|XX|xx)", c)]  # YAML's 200 was made "200" on reading
+    first = [c for c in ("200", "201") if c in codes] + [c for c in codes if c.startswith("2") and c not in
+                                                           ("200", "201")]
+    returns, schemas, links = None, {}, []
+    for code in sorted(codes, key=lambda c: (c not in first[:1], c)):
+        refs = _RefResolver(files, budget)
+        response = refs.inline(responses[code], f"responses.{code}", base)
+        if not isinstance(response, dict):
+            raise _FieldError(f"responses.{code}", f"expected a response object, got {_show(response)}")
+        schema = _content_schema(response.get("content"), f"responses.{code}.content")[1]
+        if schema is not None:
+            defs = refs.definitions()
+            try:
+                schema = _schema({**schema, "$defs": defs} if defs else schema, f"responses.{code}", openapi=True)
+            except _FieldError:
+                if first and code == first[0]:
+                    raise
+                schema = None  # only the result must be a valid schema; another status's is informative
+        schemas[code] = schema
+        if first and code == first[0]:
+            returns = schema
+        for lname, link in (response.get("links") or {}).items() if isinstance(response.get("links"), dict) else ():
+            if isinstance(link, dict):
+                links.append({"name": lname, "status": code,
+                              **{k: link[k] for k in ("operationId", "operationRef", "parameters", "requestBody")
+                                 if k in link}})
+    return returns, schemas, links
 
 
 def _check_parameter(param: Any, at: str, scope: str) -> None:
@@ -720,6 +1097,11 @@ class _Budget:
     def __init__(self, limit: int):
         self.limit, self.left = limit, limit
 
+    def grow(self, values: int) -> None:
+        """Another file of the description was read: its values may be expanded as the root's are."""
+        self.limit += EXPANSION_FACTOR * values
+        self.left += EXPANSION_FACTOR * values
+
     def spend(self, values: int, field: str) -> None:
         self.left -= values
         if self.left < 0:
@@ -728,47 +1110,77 @@ class _Budget:
                                      "that share a large definition repeat it")
 
 
+# Keywords that say nothing about which values are valid: a $ref's siblings made only of these are merged into
+# its target; others are kept beside it with allOf.
+_ANNOTATIONS = frozenset({"title", "description", "example", "examples", "default", "deprecated", "readOnly",
+                          "writeOnly", "$comment", "externalDocs", "xml", "discriminator"})
+
+
 class _RefResolver:
-    """Inlines local ``$ref``s; a recursive schema becomes one ``$defs`` entry that refers to itself.
+    """Inlines ``$ref``s, local or to other files of the description; a recursive schema becomes one ``$defs``
+    entry that refers to itself.
 
     Each reference is expanded once and reused (a reference to a definition inside a cycle becomes a pointer
     to its ``$defs`` entry, which says the same wherever it appears). Sizes and heights travel with the
     expansions, so a document whose references fan out is refused from its counts, before a copy is made.
+    A reference is known by ``<file key>#<pointer>``; a ``$ref`` inside an inlined target resolves against
+    the file the target came from. An inlined ``#/components/schemas/Pet`` (or any ``.../schemas/<Name>``,
+    ``definitions/<Name>``, ``$defs/<Name>``) keeps its name as ``title`` unless it has one.
 
     Attributes:
         nodes: Values in everything inlined so far: the tool's schema once every ``$ref`` is replaced.
     """
 
-    def __init__(self, doc: dict, budget: _Budget):
-        self.doc, self.budget = doc, budget
+    def __init__(self, files: _Files, budget: _Budget):
+        self.files, self.budget = files, budget
         self.nodes = 0
         self._names: dict[str, str] = {}  # recursive ref -> its $defs name
         self._defs: dict[str, Any] = {}
         self._memo: dict[str, tuple[Any, int, int]] = {}  # ref -> (expansion, values, height)
+        self._where: dict[str, tuple[Any, str]] = {}  # ref -> (target, key of its file)
 
-    def inline(self, node: Any, field: str) -> Any:
-        value, size, _ = self._inline(node, field, (), 0)
+    def inline(self, node: Any, field: str, base: str) -> Any:
+        value, size, _ = self._inline(node, field, (), 0, base)
         self._count(size, field)
         return value
+
+    def follow(self, node: Any, field: str, base: str) -> tuple[Any, str]:
+        """A path item or operation that is a ``$ref``, looked up (its own ``$ref``s are left for later), and
+        the key of the file it came from."""
+        seen: list[str] = []
+        while isinstance(node, dict) and isinstance(node.get("$ref"), str):
+            if len(seen) >= MAX_DEPTH:
+                raise _FieldError(f"{field}.$ref", f"more than {MAX_DEPTH} $refs lead from one to the next; "
+                                                   "shorten the chain")
+            target, key, canonical = self._target(node["$ref"], base, f"{field}.$ref")
+            if canonical in seen:
+                raise _FieldError(f"{field}.$ref", f"{_show(node['$ref'])} leads back to itself")
+            seen.append(canonical)
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            node, base = ({**target, **rest} if rest and isinstance(target, dict) else target), key
+        return node, base
 
     def definitions(self) -> dict[str, Any]:
         while pending := [r for r in self._names if self._names[r] not in self._defs]:
             for ref in pending:
                 name = self._names[ref]
-                value, size, height = self._memo.get(ref) or self._inline(
-                    self._target(ref, ref), f"$defs.{name}", (ref,), 2)
+                if ref in self._memo:
+                    value, size, height = self._memo[ref]
+                else:
+                    target, key = self._where[ref]
+                    value, size, height = self._inline(target, f"$defs.{name}", (ref,), 2, key)
                 self._count(size, f"$defs.{name}")
                 self._fits(height, 2, f"$defs.{name}")
                 self._defs[name] = value
         return dict(self._defs)
 
-    def _inline(self, node: Any, field: str, stack: tuple[str, ...], depth: int) -> tuple[Any, int, int]:
+    def _inline(self, node: Any, field: str, stack: tuple[str, ...], depth: int, base: str) -> tuple[Any, int, int]:
         """``(expansion, number of values, height)`` of ``node`` at ``depth`` below the inlined root."""
         if isinstance(node, list):
             self._fits(1, depth, field)
             items, size, height = [], 1, 0
             for i, v in enumerate(node):
-                value, n, h = self._inline(v, f"{field}.{i}", stack, depth + 1)
+                value, n, h = self._inline(v, f"{field}.{i}", stack, depth + 1, base)
                 items.append(value)
                 size, height = size + n, max(height, h)
             return items, self._within(size, field), height + 1
@@ -782,23 +1194,34 @@ class _RefResolver:
         rest, size, height = {}, 1, 0
         for k, v in node.items():
             if k != "$ref" or not isinstance(ref, str):
-                value, n, h = self._inline(v, f"{field}.{k}", stack, depth + 1)
+                value, n, h = self._inline(v, f"{field}.{k}", stack, depth + 1, base)
                 rest[k] = value
                 size, height = size + n, max(height, h)
         if not isinstance(ref, str):
             return rest, self._within(size, field), height + 1
-        if ref in stack:  # a cycle: point at a shared definition instead of unrolling forever
-            return {"$ref": f"#/$defs/{self._def_name(ref)}", **rest}, size + 1, max(height, 0) + 1
+        target, key, canonical = self._target(ref, base, f"{field}.$ref")
+        if canonical in stack:  # a cycle: point at a shared definition instead of unrolling forever
+            return {"$ref": f"#/$defs/{self._def_name(canonical)}", **rest}, size + 1, max(height, 0) + 1
         if len(stack) >= MAX_DEPTH:
             raise _FieldError(
                 f"{field}.$ref", f"more than {MAX_DEPTH} $refs lead from one to the next; shorten the chain")
-        if ref not in self._memo:
-            self._memo[ref] = self._inline(self._target(ref, field), f"{field}.$ref", (*stack, ref), depth)
-        target, tsize, theight = self._memo[ref]
+        if canonical not in self._memo:
+            value, tsize, theight = self._inline(target, f"{field}.$ref", (*stack, canonical), depth, key)
+            entity = _entity_name(canonical, self.files.key)
+            if entity and isinstance(value, dict) and "title" not in value and "$ref" not in value:
+                value, tsize = {"title": entity, **value}, tsize + 1
+            self._memo[canonical] = value, tsize, theight
+        target, tsize, theight = self._memo[canonical]
         self._fits(theight, depth, field)
         if not isinstance(target, dict):
             return target, tsize, theight
-        return ({**target, **rest} if rest else target), self._within(tsize + size - 1, field), max(theight, height + 1)
+        if not rest:
+            return target, tsize, theight
+        if (rest.keys() & target.keys()) - _ANNOTATIONS and not (rest.keys() <= _ANNOTATIONS):
+            # siblings that constrain what the target constrains too: both hold (JSON Schema 2019+ semantics)
+            return {"allOf": [target, rest]}, self._within(tsize + size + 1, field), max(theight, height + 1) + 1
+        merged = {**target, **rest}
+        return merged, self._within(tsize + size - 1, field), max(theight, height + 1)
 
     def _within(self, size: int, field: str) -> int:
         if size > MAX_SCHEMA_NODES:
@@ -819,7 +1242,9 @@ class _RefResolver:
 
     def _def_name(self, ref: str) -> str:
         if ref not in self._names:
-            base = re.sub(r"[^A-Za-z0-9_.-]+", "_", ref.rsplit("/", 1)[-1]) or "def"
+            key, _, pointer = ref.partition("#")
+            last = pointer.rsplit("/", 1)[-1] if pointer.strip("/") else Path(key).stem
+            base = re.sub(r"[^A-Za-z0-9_.-]+", "_", last.replace("~1", "/").replace("~0", "~")) or "def"
             name, n = base, 1
             while name in self._names.values():
                 n += 1
@@ -827,20 +1252,42 @@ class _RefResolver:
             self._names[ref] = name
         return self._names[ref]
 
-    def _target(self, ref: str, field: str) -> Any:
-        if not ref.startswith("#/"):
-            raise _FieldError(f"{field}.$ref", f"only local references ('#/...') are supported, got {_show(ref)}; "
-                                               "nothing is fetched: copy the schema into this document")
-        node: Any = self.doc
-        for part in ref[2:].split("/"):
-            part = part.replace("~1", "/").replace("~0", "~")
+    def _target(self, ref: str, base: str, field: str) -> tuple[Any, str, str]:
+        """``(target, key of its file, canonical ref)`` of a ``$ref`` written in the file ``base``."""
+        target_file, hashed, pointer = ref.partition("#")
+        key = self.files.load(target_file, base, ref, field) if target_file else base
+        if pointer and not pointer.startswith("/"):
+            raise _FieldError(field, f"{_show(ref)}: only JSON pointers ('#/...') are supported after '#', not "
+                                     "anchors; refer to the definition by its path")
+        canonical = f"{key}#{pointer}"
+        if canonical in self._where:
+            return (*self._where[canonical], canonical)
+        node: Any = self.files.docs[key]
+        for part in pointer[1:].split("/") if pointer else ():
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and part in node:
                 node = node[part]
             elif isinstance(node, list) and 0 <= _index(part) < len(node):
                 node = node[_index(part)]
             else:
-                raise _FieldError(f"{field}.$ref", f"{_show(ref)} points at nothing; define it or fix the pointer")
-        return node
+                written = "" if key == self.files.key else f" in {self.files.relative(key)}"
+                raise _FieldError(field, f"{_show(ref)} points at nothing{written}; define it or fix the pointer")
+        self._where[canonical] = node, key
+        return node, key, canonical
+
+
+def _entity_name(canonical: str, root: str) -> str | None:
+    """The name a reference gives its target: ``Pet`` for ``.../components/schemas/Pet`` (or ``definitions/``,
+    ``$defs/``, a top-level key of another file, or another file's stem)."""
+    key, _, pointer = canonical.partition("#")
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]] if pointer else []
+    if len(parts) >= 2 and parts[-2] in ("schemas", "definitions", "$defs"):
+        return parts[-1]
+    if key != root and len(parts) == 1:
+        return parts[0]
+    if key != root and not parts:
+        return Path(key).stem
+    return None
 
 
 def _index(part: str) -> int:
@@ -851,21 +1298,21 @@ def _index(part: str) -> int:
 # --- schemas ------------------------------------------------------------------------------------------------
 
 
-def _parameters(schema: Any, *, openapi: bool = False) -> dict[str, Any]:
+def _parameters(schema: Any, *, openapi: bool = False, field: str = "parameters") -> dict[str, Any]:
     """The arguments schema of a tool: normalised, an object, and a valid JSON Schema."""
     if schema is None:  # OpenAI allows a function without arguments to omit parameters
         return {"type": "object", "properties": {}}
-    out = _normalize(schema, "parameters", openapi=openapi)
+    out = _normalize(schema, field, openapi=openapi)
     if isinstance(out, dict) and "type" not in out and "properties" in out:
         out = {"type": "object", **out}
     if not isinstance(out, dict) or out.get("type") != "object":
         got = out.get("type") if isinstance(out, dict) else out
         raise _FieldError(
-            "parameters.type",
+            f"{field}.type",
             f"the arguments must be an object schema, got type {_show(got)}; "
             'wrap them as {"type": "object", "properties": {...}}',
         )
-    return _schema(out, "parameters", normalized=True)
+    return _schema(out, field, normalized=True)
 
 
 def _schema(schema: Any, field: str, *, openapi: bool = False, normalized: bool = False) -> dict[str, Any]:
@@ -878,12 +1325,27 @@ def _schema(schema: Any, field: str, *, openapi: bool = False, normalized: bool 
         raise _FieldError(field, f"the schema has more than {MAX_SCHEMA_NODES:,} nodes; simplify it")
     if height > MAX_DEPTH:
         raise _FieldError(field, f"the schema nests deeper than {MAX_DEPTH} levels; flatten it")
+    text = json.dumps(out, sort_keys=True)
+    if text in _CHECKED:  # the same schema again (an API's operations share result schemas): checked already
+        return out
     try:
         jsonschema.Draft202012Validator.check_schema(out)
     except jsonschema.SchemaError as e:
         raise _FieldError(".".join([field, *map(str, e.path)]), e.message) from None
     _check_refs(out, field)
+    if len(_CHECKED) >= _CHECKED_MAX:
+        try:
+            _CHECKED.pop(next(iter(_CHECKED)))
+        except (KeyError, RuntimeError, StopIteration):  # another thread evicted it first
+            pass
+    _CHECKED[text] = None
     return out
+
+
+# Texts of schemas that passed _schema's checks, oldest first: checking against the metaschema is most of an
+# import's time, and a real API repeats its result schemas across operations.
+_CHECKED: dict[str, None] = {}
+_CHECKED_MAX = 2_048
 
 
 def _extent(value: Any) -> tuple[int, int]:
@@ -941,7 +1403,12 @@ _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
 def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
-    """A copy of ``schema`` in standard JSON Schema: BFCL's type names mapped, its ``optional`` marker dropped.
+    """A copy of ``schema`` in standard JSON Schema (draft 2020-12).
+
+    BFCL's type names (Python's, Java's, JavaScript's) are mapped and its ``optional`` marker dropped; OpenAPI
+    3.0's ``nullable`` and boolean exclusive bounds become 2020-12's; earlier drafts' ``items`` lists,
+    ``additionalItems`` and ``dependencies`` become ``prefixItems``, ``items``, ``dependentRequired`` /
+    ``dependentSchemas``; and a plain ``allOf`` of object schemas is merged into one (see :func:`_merge_all_of`).
 
     BFCL's ``"optional"`` (``true``, ``"true"``, ``"yes"`` or a list of names) is dropped because ``required``
     already says the same; the one place in BFCL v4 where they disagree, ``required`` wins, as it does in
@@ -965,6 +1432,14 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
             out[key] = {k: _normalize(v, f"{sub}.{k}", openapi=openapi) for k, v in value.items()}
         elif key == "items" and isinstance(value, list):  # draft-4 tuple form
             out["prefixItems"] = [_normalize(v, f"{sub}.{i}", openapi=openapi) for i, v in enumerate(value)]
+        elif key == "additionalItems" and isinstance(schema.get("items"), list):  # its 2020-12 name
+            out["items"] = _normalize(value, sub, openapi=openapi)
+        elif key == "dependencies" and isinstance(value, dict):  # draft 7: split as 2019-09 did
+            for name, dep in value.items():
+                if isinstance(dep, list):
+                    out.setdefault("dependentRequired", {})[name] = dep
+                else:
+                    out.setdefault("dependentSchemas", {})[name] = _normalize(dep, f"{sub}.{name}", openapi=openapi)
         elif key in _SUBSCHEMA:
             out[key] = _normalize(value, sub, openapi=openapi)
         elif key in _SCHEMA_LISTS:
@@ -975,18 +1450,62 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
             out[key] = value
     if openapi:
         _openapi30_keywords(out)
+    out = _merge_all_of(out)
     if "required" in out:
         required = out["required"]
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise _FieldError(f"{field}.required", f"expected a list of property names, got {_show(required)} "
                                                    '(one name is written ["name"])')
-        # Without "properties" the object is free-form and "required" just names keys that must be present.
-        for name in required if isinstance(out.get("properties"), dict) else ():
+        # Without "properties" the object is free-form and "required" just names keys that must be present; with
+        # a composition (a sibling allOf branch, a $ref) the name may be defined there, as JSON Schema allows.
+        plain = isinstance(out.get("properties"), dict) and not (_OPEN_KEYWORDS & out.keys())
+        for name in required if plain else ():
             if name not in out["properties"]:
                 raise _FieldError(
                     f"{field}.required", f"names undefined property {_show(name)}; add it to properties or drop it"
                 )
     return out
+
+
+_OPEN_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "then", "else",
+                            "dependentSchemas", "patternProperties", "unevaluatedProperties"})
+_MERGEABLE = _ANNOTATIONS | {"type", "properties", "required", "title"}
+
+
+def _merge_all_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with a plain ``allOf`` folded in: one object schema with the union of properties and required.
+
+    Plain means the schema and every branch say only ``type: object``, ``properties``, ``required`` and
+    annotations (so that nothing such as ``additionalProperties: false`` changes meaning once merged); a
+    property that two branches define differently becomes the ``allOf`` of both. The schema's own annotations
+    win over the branches' (its ``title`` is the entity's name); anything else keeps its ``allOf``.
+    """
+    branches = schema.get("allOf")
+    if not isinstance(branches, list) or not branches:
+        return schema
+    parts = [{k: v for k, v in schema.items() if k != "allOf"}, *branches]
+    for part in parts:
+        if not isinstance(part, dict) or not part.keys() <= _MERGEABLE or part.get("type", "object") != "object":
+            return schema
+        if not isinstance(part.get("properties", {}), dict) or not isinstance(part.get("required", []), list):
+            return schema
+    merged: dict[str, Any] = {k: v for k, v in parts[0].items() if k not in ("properties", "required")}
+    properties: dict[str, Any] = {}
+    required: list[Any] = []
+    for i, part in enumerate(parts):
+        for name, sub in part.get("properties", {}).items():
+            properties[name] = sub if name not in properties or properties[name] == sub else {
+                "allOf": [properties[name], sub]}
+        required += [r for r in part.get("required", []) if r not in required]
+        if i:
+            for key in _ANNOTATIONS - {"title"}:
+                if key in part and key not in merged:
+                    merged[key] = part[key]
+    merged["type"] = "object"
+    merged["properties"] = properties
+    if required:
+        merged["required"] = required
+    return merged
 
 
 def _map_type(value: Any, field: str) -> str | list[str] | None:
@@ -995,14 +1514,17 @@ def _map_type(value: Any, field: str) -> str | list[str] | None:
     for name in names:
         if not isinstance(name, str):
             mapped = None
+        elif name in _JSON_TYPES:
+            mapped = name
         elif name in _BFCL_TYPES:
             if (mapped := _BFCL_TYPES[name]) is None:
                 return None  # "any": no constraint
         else:
-            mapped = name if name in _JSON_TYPES else None
+            mapped = None
         if mapped is None:
             raise _FieldError(field, f"unknown type {_show(name)}; use one of {', '.join(_JSON_TYPES)} "
-                                     "(or BFCL's dict, float, tuple, any)")
+                                     "(or BFCL's dict, float, tuple, any, or a Java/JavaScript name such as String, "
+                                     "int, long, double, Boolean, ArrayList, HashMap)")
         if mapped not in out:
             out.append(mapped)
     if not out:
@@ -1060,22 +1582,26 @@ def _label(index: int, name: Any) -> str:
     return f"tool #{index} {_show(name)}" if isinstance(name, str) else f"tool #{index}"
 
 
+
+
 def _collect(
-    file: str,
     entries: Iterable[tuple[str, Any, Callable[[Any], Tool]]],
     *,
     duplicates: Literal["error", "first"] = "error",
-    problems: list[str] | None = None,
-) -> list[Tool]:
-    """Build every tool, then return them all or raise one CatalogError listing every problem.
+    names: Literal["openai", "keep"] = "openai",
+) -> tuple[list[Tool], Skipped]:
+    """Build every tool: ``(tools, skipped)``, where each entry not built is in ``skipped`` with its reason.
 
     Args:
-        duplicates: ``"error"``: a repeated name is a problem; ``"first"``: later ones are skipped (BFCL).
-        problems: Problems already found in this file, reported with the rest.
+        duplicates: ``"error"``: a repeated name is skipped as a problem; ``"first"``: later ones are left out
+            quietly, as the same tool again (BFCL repeats a function in many questions).
+        names: ``"openai"``: names become OpenAI-valid (:func:`openai_tool_name`) and unique in the file, the
+            written name staying in ``Tool.origin["name"]``; ``"keep"``: names as written.
     """
-    problems = [] if problems is None else problems
     tools: list[Tool] = []
-    seen: dict[str, str] = {}  # name -> label of its tool
+    skipped: Skipped = []
+    seen: dict[str, str] = {}  # name as written -> label of its tool
+    taken: set[str] = set()
     for label, spec, build in entries:
         name = spec.get("name") if isinstance(spec, dict) else None
         if duplicates == "first" and isinstance(name, str) and name in seen:
@@ -1083,23 +1609,22 @@ def _collect(
         try:
             tool = build(spec)
         except _FieldError as e:
-            problems.append(f"{file}: {label}: {e}")
+            skipped.append((label, str(e)))
             continue
         except Exception as e:  # noqa: BLE001 - one tool's unforeseen failure is reported with the others
-            problems.append(f"{file}: {label}: internal error ({type(e).__name__}: {e}); please report this file")
+            skipped.append((label, f"internal error ({type(e).__name__}: {e}); please report this file"))
             continue
+        if tool.name in seen:
+            skipped.append((label, f"field name: duplicate of {seen[tool.name]}; names must be unique within a file"))
+            continue
+        seen[tool.name] = label
+        if names == "openai":
+            tool.name = _unique(openai_tool_name(tool.name), taken)
         try:
             _TOOLS.validate(tool.to_row())
         except ValueError as e:  # the TOOLS table's own check, a last guard
-            problems.append(f"{file}: {label}: {e}")
+            skipped.append((label, str(e)))
             continue
-        if tool.name in seen:
-            problems.append(
-                f"{file}: {label}: field name: duplicate of {seen[tool.name]}; names must be unique within a file"
-            )
-            continue
-        seen[tool.name] = label
+        taken.add(tool.name)
         tools.append(tool)
-    if problems:
-        raise CatalogError(problems)
-    return tools
+    return tools, skipped

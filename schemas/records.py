@@ -34,6 +34,12 @@ class Tool:
         source: Where the record came from, e.g. ``"env:retail"`` or ``"openapi:petstore.json"``.
         implementation: ``"module:Class.method"`` for executable tools; ``None`` where only a mock can answer.
         mutates: Whether calling the tool changes environment state (``None`` if unknown).
+        origin: How to call the tool on its source, where the catalog says (``None`` for hand-written tools):
+            ``{"kind": "openapi", "name": <operationId or None>, "method": "get", "path": "/pets/{petId}",
+            "args": {<argument>: {"in": "path"|"query"|"header"|"body", "name": <name in the spec>}},
+            "body": "object"|"value"|None, "links": [{"operationId": ..., "parameters": {...}}],
+            "responses": {<status>: <schema or None>}}``; ``{"kind": "mcp", "name": ..., "annotations": {...}}``;
+            ``{"kind": "function", "name": <name as written in the catalog>}``.
     """
 
     name: str
@@ -44,6 +50,7 @@ class Tool:
     source: str = ""
     implementation: str | None = None
     mutates: bool | None = None
+    origin: dict[str, Any] | None = None
 
     def openai(self) -> dict[str, Any]:
         """The tool as an entry of an OpenAI ``tools`` list."""
@@ -65,7 +72,7 @@ class ToolEdge:
     dst: str
     src_field: str
     dst_param: str
-    kind: str  # "name" (type match + name similarity) or "entity" (foreign key between the tables they touch)
+    kind: str  # "name" (same normalised name), "entity" (an entity's key, or a foreign key) or "link" (an OpenAPI link)
     score: float
 
     def to_row(self) -> dict[str, Any]:

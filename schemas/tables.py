@@ -135,7 +135,7 @@ class Table:
                 self.validate(row)
             row = dict(row)
             for key in self.json_fields:
-                row[key] = json.dumps(row[key], sort_keys=True, default=str)
+                row[key] = json.dumps(row.get(key), sort_keys=True, default=str)  # an optional one absent: null
             encoded.append(row)
         table = pa.Table.from_pylist(encoded, schema=self.arrow_schema)
         return table.replace_schema_metadata({b"synthloop.table": self.name.encode(), b"synthloop.version": str(self.version).encode()})
@@ -165,8 +165,10 @@ TOOLS = Table(
             "source": _STR,
             "implementation": _NSTR,
             "mutates": {"type": ["boolean", "null"]},
+            "origin": {"type": ["object", "null"]},
             "schema_version": _INT,
-        }
+        },
+        optional=("origin",),  # rows written before tools recorded their origin
     ),
     _schema(
         [
@@ -178,9 +180,10 @@ TOOLS = Table(
             ("source", pa.string()),
             ("implementation", pa.string()),
             ("mutates", pa.bool_()),
+            ("origin", pa.string()),
         ]
     ),
-    json_fields=("parameters", "returns"),
+    json_fields=("parameters", "returns", "origin"),
 )
 
 TOOL_EDGES = Table(
@@ -192,7 +195,7 @@ TOOL_EDGES = Table(
             "dst": _STR,
             "src_field": _STR,
             "dst_param": _STR,
-            "kind": {"enum": ["name", "entity"]},
+            "kind": {"enum": ["name", "entity", "link"]},
             "score": _NUM,
             "schema_version": _INT,
         }

@@ -1,11 +1,13 @@
-"""Catalog import: OpenAI tools, JSON-Schema specs in BFCL's dialect, OpenAPI 3, all-or-nothing errors, and input
-that is hostile or careless: a CatalogError naming file, tool and field, never a raw exception or a network request."""
+"""Catalog import: OpenAI tools, JSON-Schema specs in BFCL's dialect, OpenAPI 3, skip-and-report (or, strict, all or
+nothing) errors, and input that is hostile or careless: a reason naming file, tool and field, never a raw exception or
+a network request. Real specs, multi-file OpenAPI, MCP and names: tests/generators/test_catalog_real.py."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
 import json
+import re
 import signal
 import threading
 import time
@@ -22,6 +24,7 @@ from generators.catalog import (
     MAX_DEPTH,
     CatalogError,
     bfcl_name_variants,
+    import_catalog,
     load_bfcl_catalog,
     load_bfcl_functions,
     load_catalog,
@@ -115,7 +118,8 @@ def test_bfcl_dialect_is_converted_recursively(tmp_path):
         },
         "required": ["start"],
     }
-    assert (tool.name, tool.source, tool.domain) == ("geo.route", "jsonschema:specs.json", "specs")
+    assert (tool.name, tool.source, tool.domain) == ("geo_route", "jsonschema:specs.json", "specs")
+    assert tool.origin == {"kind": "function", "name": "geo.route"}  # the name as written, for calling it back
     jsonschema.Draft202012Validator.check_schema(tool.parameters)
     validator = jsonschema.Draft202012Validator(tool.parameters)
     assert validator.is_valid({"start": [1, 2.5], "stops": [{"name": "a"}], "payload": [1]})
@@ -128,8 +132,8 @@ def test_json_lines_specs_and_bfcl_question_files_are_detected(tmp_path):
     question = {"id": "simple_python_1", "question": [], "function": [WEATHER | {"name": "math.factorial"}]}
     path = write(tmp_path, "BFCL_v4_simple_python.json", json.dumps(question) + "\n" + json.dumps(question) + "\n")
     [tool] = load_catalog(path)
-    assert (tool.name, tool.domain, tool.source) == (
-        "math.factorial", "bfcl:simple_python", "bfcl:BFCL_v4_simple_python.json")
+    assert (tool.name, tool.domain, tool.source, tool.origin["name"]) == (
+        "math_factorial", "bfcl:simple_python", "bfcl:BFCL_v4_simple_python.json", "math.factorial")
 
 
 # --- OpenAPI 3 ----------------------------------------------------------------------------------------------------
@@ -201,7 +205,10 @@ def test_openapi_operations_become_tools(tmp_path):
         "type": "object", "properties": {"limit": {"type": "integer", "maximum": 100}}}
     assert tools["listPets"].description == "List pets."
     pet = tools["listPets"].returns["items"]
-    assert pet["allOf"][0]["properties"]["tag"] == {"type": ["string", "null"]}  # OpenAPI 3.0 nullable
+    assert pet == {  # allOf of NewPet and {id} merged into one object; the component's name kept as its title
+        "title": "Pet", "type": "object",
+        "properties": {"name": {"type": "string"}, "tag": {"type": ["string", "null"]}, "id": {"type": "integer"}},
+        "required": ["name", "id"]}  # tag: OpenAPI 3.0 nullable
     assert tools["createPet"].parameters == {
         "type": "object",
         "properties": {"name": {"type": "string"}, "tag": {"type": ["string", "null"]}},
@@ -274,7 +281,6 @@ MALFORMED = {
     "invalid keyword": (
         [WEATHER | {"parameters": {"type": "object", "properties": {"city": {"type": "string", "minLength": -1}}}}],
         ["tools.json", "tool #1 'get_weather'", "field parameters.properties.city.minLength"]),
-    "bad name": ([WEATHER | {"name": "get weather"}], ["tools.json", "tool #1 'get weather'", "field name"]),
     "not a function entry": ([{"type": "function", "function": WEATHER}, {"type": "retrieval"}],
                              ["tools.json: tool #2: field function: missing"]),
     "invalid JSON": ('[\n  {"name": "a",\n   "parameters" {}}\n]', ["tools.json", "invalid JSON at line 3 col 17"]),
@@ -286,29 +292,49 @@ MALFORMED = {
 @pytest.mark.parametrize("case", MALFORMED)
 def test_malformed_input_names_file_tool_and_field(tmp_path, case):
     data, fragments = MALFORMED[case]
+    path = write(tmp_path, "tools.json", data)
     with pytest.raises(CatalogError) as err:
-        load_catalog(write(tmp_path, "tools.json", data))
+        load_catalog(path, strict=True)
     for fragment in fragments:
         assert fragment in str(err.value)
+    try:  # not strict: the good tools import and the bad one is reported with the same words
+        result = import_catalog(path)
+    except CatalogError as whole:  # a problem of the whole file (invalid JSON) has no tool to skip
+        assert str(whole) == str(err.value)
+        return
+    assert "\n".join(result.problems) == "\n".join(err.value.problems)
+    if not result.tools:  # the only tool is broken: the file is, and load_catalog says so
+        with pytest.raises(CatalogError, match=re.escape(str(err.value))):
+            load_catalog(path)
+        return
+    with pytest.warns(UserWarning, match=rf"tools\.json: {len(result.tools)} tools imported, 1 skipped"):
+        assert load_catalog(path) == result.tools
 
 
 def test_openapi_errors_name_the_operation_and_field(tmp_path):
     doc = json.loads(json.dumps(PETSTORE))
     doc["paths"]["/pets"]["post"]["requestBody"]["content"]["application/json"]["schema"] = {"$ref": "#/nope"}
+    path = write(tmp_path, "petstore.json", doc)
     with pytest.raises(CatalogError, match=r"petstore\.json: operation POST /pets 'createPet': "
                                            r"field requestBody\..*\$ref: '#/nope' points at nothing"):
-        load_catalog(write(tmp_path, "petstore.json", doc))
+        load_catalog(path, strict=True)
+    result = import_catalog(path)  # the other three operations still import
+    assert [t.name for t in result.tools] == ["listPets", "showPetById", "delete_pets_petId"]
+    assert [label for label, _ in result.skipped] == ["operation POST /pets 'createPet'"]
     with pytest.raises(CatalogError, match="swagger.*OpenAPI 3"):
         load_catalog(write(tmp_path, "old.json", {"swagger": "2.0", "paths": {}}))
 
 
-def test_nothing_is_half_imported_and_every_problem_is_listed(tmp_path):
+def test_strict_imports_nothing_half_and_lists_every_problem(tmp_path):
     specs = [TIME, WEATHER, BROKEN_TYPE | {"name": "third"}, {"name": "fourth", "parameters": {"type": "dict"}},
              {"description": "fifth has no name"}]
     path = write(tmp_path, "tools.json", specs)
+    loose = import_catalog(path)
+    assert [t.name for t in loose.tools] == ["get_time", "get_weather", "fourth"]
+    assert [label for label, _ in loose.skipped] == ["tool #3 'third'", "tool #5"]
     result = None
     with pytest.raises(CatalogError) as err:
-        result = load_catalog(path)
+        result = load_catalog(path, strict=True)
     assert result is None
     assert [p.split(": field")[0] for p in err.value.problems] == ["tools.json: tool #3 'third'", "tools.json: tool #5"]
     assert str(err.value).startswith("2 problems:")
@@ -338,7 +364,9 @@ def test_every_bfcl_file_imports_and_every_tool_fits_the_tools_table(bfcl_root, 
     print(f"{category}: {len(tools)} unique tools from {len(questions)} questions, "
           f"{len(bfcl_name_variants(path))} names defined more than one way (first kept)")
     assert len(tools) > 0
-    assert sorted(t.name for t in tools) == sorted(names)  # deduplicated, names with dots kept as they are
+    assert sorted(t.origin["name"] for t in tools) == sorted(names)  # deduplicated, BFCL's names kept in origin
+    assert len({t.name for t in tools}) == len(tools)
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{1,64}", t.name) for t in tools)  # math.factorial → math_factorial
     for tool in tools:
         TABLES["tools"].validate(tool.to_row())
         jsonschema.Draft202012Validator.check_schema(tool.parameters)
@@ -359,7 +387,7 @@ def _dialect_types(schema: object) -> list[str]:
 def test_bfcl_catalog_has_one_domain_per_category(bfcl_root):
     tools = load_bfcl_catalog(bfcl_root)
     assert {t.domain for t in tools} == {f"bfcl:{c}" for c in BFCL_CATEGORIES}
-    assert any(t.name == "math_toolkit.sum_of_multiples" for t in tools)
+    assert any(t.origin["name"] == "math_toolkit.sum_of_multiples" for t in tools)
 
 
 # --- hostile and careless input: a CatalogError naming the place, never a raw exception or a network call --------
@@ -706,10 +734,11 @@ def fan_out(levels: int, uses: int = 2) -> dict:
 
 
 def inlined(levels: int, uses: int = 2) -> dict:
-    schema: dict = {"type": "string", "maxLength": 3}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {f"p{k}": schema for k in range(uses)}}
-    return schema
+    """``fan_out``'s body as its fields: each inlined component keeps its name as its title."""
+    schema: dict = {"title": f"S{levels}", "type": "string", "maxLength": 3}
+    for i in range(levels - 1, -1, -1):
+        schema = {"title": f"S{i}", "type": "object", "properties": {f"p{k}": schema for k in range(uses)}}
+    return {k: v for k, v in schema.items() if k != "title"}
 
 
 @contextlib.contextmanager
@@ -743,10 +772,11 @@ def test_many_operations_cannot_multiply_one_large_definition(tmp_path):
     doc = fan_out(10)  # ~6,000 nodes once inlined: one operation is fine, two hundred are not
     operation = doc["paths"]["/things"]["post"]
     doc["paths"] = {f"/things{i}": {"post": {**operation, "operationId": f"add{i}"}} for i in range(200)}
-    with seconds(30), pytest.raises(CatalogError) as err:
-        load_catalog(write(tmp_path, "many.json", doc))
-    assert "the file's operations expand to more than" in str(err.value)
-    assert not any("'add0'" in p for p in err.value.problems)  # the budget is for the file, not per operation
+    with seconds(30):
+        result = import_catalog(write(tmp_path, "many.json", doc))
+    assert result.skipped and all("the file's operations expand to more than" in why for _, why in result.skipped)
+    assert result.tools[0].name == "add0"  # the budget is for the file, not per operation: the first ones fit
+    assert len(result.tools) + len(result.skipped) == 200 and len(result.tools) < 50
 
 
 def test_recursive_and_mutually_recursive_refs_terminate_and_validate(tmp_path):

@@ -1,4 +1,5 @@
-"""Fuzzing the catalog importer: whatever a file holds, ``load_catalog`` imports it or raises ``CatalogError``.
+"""Fuzzing the catalog importer: whatever a file holds, ``import_catalog`` imports its tools (skipping, with a
+reason, those it cannot) or raises ``CatalogError``.
 
 Hypothesis writes files from four sources: real specs (the OAI examples and a slice of Twilio's messaging API
 from ``../shared/catalogs``, BFCL questions, OpenAI tools) with one to three of their values replaced, deleted,
@@ -7,8 +8,9 @@ nested 70 deep or pointed elsewhere with a ``$ref``; the same specs' text with b
 built from schema and OpenAPI keywords, alone or inside each format's wrapper. Each is written as JSON or YAML.
 Specified here:
 
-* nothing but ``CatalogError`` leaves the importer, and no problem it lists is the last-resort "internal
-  error": every failure is one of the importer's own, worded messages, each starting with the file's name;
+* nothing but ``CatalogError`` leaves the importer, and no problem it lists (raised, or a skipped tool's reason)
+  is the last-resort "internal error": every failure is one of the importer's own, worded messages, each
+  starting with the file's name;
 * what imports is plain JSON that the TOOLS table accepts, each schema a valid draft 2020-12 schema within
   the importer's bounds;
 * no ``$ref`` is fetched, at import or when arguments are validated against an imported tool (with the
@@ -35,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs.base import argument_validator
-from generators.catalog import MAX_DEPTH, MAX_SCHEMA_NODES, CatalogError, load_catalog
+from generators.catalog import MAX_DEPTH, MAX_SCHEMA_NODES, CatalogError, import_catalog
 from schemas import TABLES
 from storage.external import bfcl_file, default_bfcl_root, shared_root
 
@@ -94,13 +96,17 @@ def imported_or_refused(path: Path, kind: str) -> None:
     """Import ``path``: tools that are plain, valid and bounded, or a CatalogError of the importer's own."""
     FUZZ_TRIED[kind] += 1
     try:
-        tools = load_catalog(path)
+        result = import_catalog(path)
     except CatalogError as e:
         OUTCOMES["refused"] += 1
         assert e.problems and all(p.startswith(f"{path.name}: ") for p in e.problems), e.problems
         assert not [p for p in e.problems if "internal error" in p]
         return
-    OUTCOMES["imported"] += 1
+    OUTCOMES["imported" if result.tools or not result.skipped else "refused"] += 1
+    assert not [p for p in result.problems if "internal error" in p], result.problems
+    assert all(label and reason for label, reason in result.skipped)
+    tools = result.tools
+    assert len({t.name for t in tools}) == len(tools)
     for tool in tools:
         row = tool.to_row()
         TABLES["tools"].validate(row)
