@@ -1,80 +1,376 @@
 """The tool graph: which tool's output can feed which tool's input.
 
-An edge u→v carries one or more *bindings* (output field path of u → parameter of v). Bindings come from
-two sources: a type match plus ``rapidfuzz`` name similarity (``account_id`` → ``from_account_id``), and
-the environment's foreign keys (a field that is a foreign key to ``users.user_id`` feeds a ``user_id``
-parameter even when the names differ).
+An edge u→v carries one or more *bindings* (output field path of u → parameter of v), each of one kind:
+
+* ``name``: the field and the parameter denote the same thing. Names are split into words whatever their case
+  style (``petId``, ``pet_id``, ``PetSid``, ``ChatServiceSid``). An *identifier* (last word ``id``, ``sid``,
+  ``uuid``, ``guid`` or ``key``) names an entity: the words before the key word, or, for a bare ``id``/``Sid``
+  parameter, the resource of its path segment (``/pets/{id}``) or of the tool's name. A result field feeds an
+  identifier parameter when it is that entity's key: the resource's own ``id``/``sid`` (the resource is the
+  result schema's ``title``, the property that holds the object, or the tool's path or name nouns, singular),
+  or a field that itself names the same entity (``account_sid`` → ``AccountSid``); an integer id may feed a
+  string parameter (``id: 10`` → ``petId: "10"``), never the reverse. Entities agree when one's
+  words end the other's (``service`` ~ ``chat service``; ``from account`` ~ ``account``: role words are
+  dropped), never on a shared substring (``repos_url`` does not feed ``repo``). Any other attribute binds only
+  on an exact normalised name, types agreeing, into a tool that reads (a lookup by ``email``, a filter by
+  ``date``) or into a path parameter (``/repositories/{username}/{slug}``); never when it is free text, a flag,
+  a timestamp, a URL, a paging knob or a value from a closed list (``enum``), nor into a write's body, whose
+  values the user chooses.
+* ``entity``: the environment's foreign keys (a field that references ``users.user_id`` feeds a ``user_id``
+  parameter, and a ``user_id`` feeds a parameter named like the referencing column).
+* ``link``: OpenAPI response links carried in the tool's ``origin`` (``$response.body#/id`` → ``petId``).
+
+Candidate pairs come from dictionaries keyed by a parameter's normalised name or entity head noun, so the
+build grows with the number of fields and bindings, not with the square of the number of tools.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections import Counter
-from collections.abc import Iterable
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import networkx as nx
-from rapidfuzz import fuzz
 
 from schemas import Tool, ToolEdge
 
 SCALARS = {"string", "integer", "number", "boolean"}
-# Below this similarity two names are not taken to denote the same thing; 90 keeps "account" ~ "from_account"
-# (a partial match of 100) and rejects "customer" ~ "order".
-NAME_THRESHOLD = 90.0
+# The last word of an identifier: ``petId``, ``account_sid``, ``api_key``, ``user_uuid``.
+KEY_WORDS = frozenset({"id", "sid", "uuid", "guid", "key"})
+# Words that say which role an entity plays, not which entity it is: ``from_account_id`` is an account id.
+ROLE_WORDS = frozenset({"from", "to", "source", "src", "target", "dest", "destination", "new", "old", "current",
+                        "original", "other"})
 # Free text names no entity: a person's "name" feeding a folder's "name" type-checks and reads as nonsense.
 # Such values come from the user, never from another tool's result.
 FREE_TEXT = frozenset({"name", "title", "description", "new_name", "name_contains", "reason", "note"})
+FREE_TEXT_WORDS = frozenset({"name", "title", "description", "note", "notes", "reason", "comment", "comments",
+                             "summary", "body", "text", "message", "label", "attributes", "content", "subject"})
+# Attributes every resource has or every list call takes; sharing one of them is no dependency.
+METADATA_WORDS = frozenset({"url", "uri", "href", "link", "links", "created", "updated", "modified", "etag", "page",
+                            "cursor"})
+PAGING = frozenset({"limit", "offset", "per_page", "page_size", "page_token", "order", "sort"})
+VERBS = frozenset({"get", "fetch", "list", "show", "find", "read", "retrieve", "search", "query", "create", "add",
+                   "insert", "post", "put", "patch", "update", "set", "delete", "remove", "upsert", "replace",
+                   "new", "register", "describe", "lookup"})
+# Words that end a schema's name without naming its entity: ``ListPetsResponse`` is about pets.
+GENERIC_WORDS = frozenset({"response", "result", "results", "list", "page", "object", "body", "data", "dto",
+                           "schema", "output", "item", "items", "entry", "record", "resource", "instance"})
+CREATE_VERBS = frozenset({"create", "add", "insert", "post", "new", "register"})
+# Scores: the same name; an entity's own id/sid; another name for the same entity; a foreign key; a response link.
+SAME_NAME, OWN_KEY, SAME_ENTITY, FOREIGN_KEY, LINK = 100.0, 95.0, 90.0, 100.0, 100.0
+MAX_NESTING = 12  # result schemas deeper than this are not searched further (a guard against giant schemas)
+
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_TEMPLATE = re.compile(r"^\{([^}]+)\}")  # "{Sid}" and "{Sid}.json" name the argument Sid
+
+
+@lru_cache(maxsize=1 << 16)
+def words(name: str) -> tuple[str, ...]:
+    """A name as lower-case words across case styles: ``ChatServiceSid`` and ``chat_service_sid`` give the same."""
+    return tuple(w.lower() for w in _WORD.findall(name))
+
+
+def normalise(name: str) -> str:
+    """The name in snake case, the form two names are compared in: ``PageSize`` → ``page_size``."""
+    return "_".join(words(name))
+
+
+def singular(word: str) -> str:
+    if len(word) <= 3 or word.endswith(("ss", "us", "is")):
+        return word
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    if word.endswith(("sses", "xes", "ches", "shes")):
+        return word[:-2]
+    return word[:-1] if word.endswith("s") else word
+
+
+def _entity(ws: Iterable[str]) -> tuple[str, ...]:
+    """Entity words, singular, with leading role words and digits dropped."""
+    ws = [singular(w) for w in ws if not w.isdigit()]
+    while ws and ws[0] in ROLE_WORDS:
+        ws.pop(0)
+    return tuple(ws)
+
+
+def same_entity(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Whether two entities agree: one's words end the other's (``service`` ~ ``chat service``)."""
+    if not a or not b:
+        return False
+    n = min(len(a), len(b))
+    return a[-n:] == b[-n:]
+
+
+def identifier(name: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(key word, entity words)`` of an identifier name, entity words empty for a bare ``id``; else None."""
+    ws = words(name)
+    if not ws or ws[-1] not in KEY_WORDS:
+        return None
+    return ws[-1], _entity(ws[:-1])
+
+
+def plain_attribute(name: str, type_: str) -> bool:
+    """Whether an attribute may bind by its name: not free text, a flag, a timestamp, a URL or a paging knob."""
+    ws = words(name)
+    norm = "_".join(ws)
+    return bool(ws) and type_ != "boolean" and name not in FREE_TEXT and norm not in FREE_TEXT \
+        and ws[-1] not in FREE_TEXT_WORDS and not METADATA_WORDS & set(ws) and norm not in PAGING
+
+
+def name_similarity(field_name: str, param: str) -> float:
+    """How surely a field and a parameter name the same thing from their names alone, 0–100.
+
+    100 for the same name in any case style; 90 for identifiers of the same entity (``account_id`` →
+    ``from_account_id``); 0 otherwise: no partial or fuzzy matches, so ``repos_url`` is not ``repo``. A bare
+    ``id`` needs its tool to say whose id it is: see ``ToolGraph.build``.
+    """
+    if normalise(field_name) == normalise(param) and words(field_name):
+        return SAME_NAME
+    a, b = identifier(field_name), identifier(param)
+    if a and b and a[0] == b[0] and same_entity(a[1], b[1]):
+        return SAME_ENTITY
+    return 0.0
+
+
+# --- result schemas ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class OutputField:
-    path: tuple[str, ...]  # object keys, with "*" for "any element of this list"
+    """A scalar field of a result.
+
+    Attributes:
+        path: Object keys, with ``"*"`` for "any element of this list".
+        name: The field's own name.
+        type: Its JSON type.
+        holder: Names of the object holding the field, best first: its schema ``title`` (or ``$ref`` name), then
+            the property that holds it; empty at the top of the result. They say whose ``id`` an ``id`` is.
+    """
+
+    path: tuple[str, ...]
     name: str
     type: str
+    holder: tuple[str, ...] = field(default=(), compare=False)
 
 
-def _scalar_type(schema: dict[str, Any]) -> str | None:
+def _scalar_type(schema: Any) -> str | None:
+    if not isinstance(schema, dict):
+        return None
     t = schema.get("type")
     if isinstance(t, list):
         t = next((x for x in t if x != "null"), None)
     return t if t in SCALARS else None
 
 
+def _deref(schema: Any, root: Any, seen: frozenset[str]) -> tuple[Any, str | None, frozenset[str]]:
+    """Follow local ``$ref``s (``#/$defs/...``, ``#/definitions/...``); None at a cycle or a dangling pointer.
+
+    Returns the target, the name the reference gave it and the references followed so far.
+    """
+    name = None
+    while isinstance(schema, dict) and isinstance(schema.get("$ref"), str):
+        ref = schema["$ref"]
+        if ref in seen or not ref.startswith("#/"):
+            return None, name, seen
+        seen = seen | {ref}
+        target: Any = root
+        for part in ref[2:].split("/"):
+            part = part.replace("~1", "/").replace("~0", "~")
+            target = target.get(part) if isinstance(target, dict) else None
+        name = ref.rsplit("/", 1)[-1]
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        schema = {**target, **rest} if rest and isinstance(target, dict) else target
+    return schema, name, seen
+
+
+def _type_of(schema: Any, root: Any, seen: frozenset[str]) -> str | None:
+    """The scalar type of a schema, through references and compositions whose branches agree."""
+    schema, _, seen = _deref(schema, root, seen)
+    if not isinstance(schema, dict):
+        return None
+    t = _scalar_type(schema)
+    if t or "type" in schema and schema["type"] not in (None, []):
+        return t
+    for key in ("allOf", "oneOf", "anyOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            types = {_type_of(b, root, seen) for b in branches} - {None}
+            if len(types) == 1:
+                return types.pop()
+    return None
+
+
 def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> list[OutputField]:
-    """Scalar fields reachable in a result schema, descending into objects and lists of objects."""
-    if not schema:
-        return []
-    if schema.get("type") == "array":
-        return output_fields(schema.get("items"), prefix + ("*",))
-    fields = []
-    for name, sub in (schema.get("properties") or {}).items():
-        t = _scalar_type(sub)
+    """Scalar fields reachable in a result schema.
+
+    Descends into objects and lists of objects, follows local ``$ref``s, merges ``allOf`` branches and takes
+    every branch of ``oneOf``/``anyOf``. A field reached twice (two branches) is listed once, first branch first;
+    a recursive schema is followed once around its cycle.
+    """
+    found: dict[tuple[str, ...], OutputField] = {}
+    if schema:
+        _collect(schema, schema, prefix, (), frozenset(), found)
+    return list(found.values())
+
+
+def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str, ...], seen: frozenset[str],
+             found: dict[tuple[str, ...], OutputField]) -> None:
+    schema, ref_name, seen = _deref(schema, root, seen)
+    if not isinstance(schema, dict) or len(prefix) > MAX_NESTING:
+        return
+    title = schema.get("title") if isinstance(schema.get("title"), str) else ref_name
+    if title and " " not in title.strip():  # a name, not a sentence
+        holder = (title, *(h for h in holder if h != title))
+    for key in ("allOf", "oneOf", "anyOf"):
+        for branch in schema.get(key) or ():
+            _collect(branch, root, prefix, holder, seen, found)
+    if schema.get("type") == "array" or "items" in schema:
+        _collect(schema.get("items"), root, prefix + ("*",), holder, seen, found)
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return
+    for name, sub in properties.items():
+        path = prefix + (name,)
+        t = _type_of(sub, root, seen)
         if t:
-            fields.append(OutputField(prefix + (name,), name, t))
-        elif sub.get("type") in ("object", "array"):
-            fields.extend(output_fields(sub, prefix + (name,)))
-    return fields
+            found.setdefault(path, OutputField(path, name, t, holder))
+        elif isinstance(sub, dict):
+            _collect(sub, root, path, (name,), seen, found)
+
+
+# --- the graph --------------------------------------------------------------------------------------------------
+
+
+def _origin(tool: Tool) -> dict[str, Any]:
+    origin = getattr(tool, "origin", None)
+    return origin if isinstance(origin, dict) else {}
+
+
+def _route(tool: Tool) -> str:
+    route = _origin(tool).get("path")
+    return route if isinstance(route, str) else ""
+
+
+def name_nouns(tool_name: str) -> tuple[str, ...]:
+    """The resource a tool's name is about: ``showPetById`` → ``pet``, ``FetchConversationMessage`` →
+    ``conversation message``."""
+    ws = list(words(tool_name))
+    if ws and ws[0] in VERBS:
+        ws = ws[1:]
+    for i, w in enumerate(ws):
+        if w in ("by", "for", "with", "of", "from", "in", "on"):
+            ws = ws[:i]
+            break
+    return _entity(ws)
+
+
+def holder_entity(name: str) -> tuple[str, ...]:
+    """The entity a schema title or property names: ``conversations.v1.conversation`` → ``conversation``,
+    ``ListPetsResponse`` → ``pet``, ``owner`` → ``owner``."""
+    ws = list(words(name.rsplit(".", 1)[-1]))
+    if len(ws) > 1 and ws[0] in VERBS:
+        ws = ws[1:]
+    while len(ws) > 1 and ws[-1] in GENERIC_WORDS:
+        ws.pop()
+    return _entity(ws)
+
+
+def path_resource(route: str, before: str | None = None) -> tuple[str, ...]:
+    """The collection a path is about: its last literal segment (``/pets/{petId}`` → ``pet``), or the one just
+    before the template ``{before}``."""
+    segments = [s for s in route.split("?")[0].split("/") if s]
+    if before is not None:
+        at = next((i for i, s in enumerate(segments) if _TEMPLATE.match(s) and _TEMPLATE.match(s)[1] == before), None)
+        if at is None:
+            return ()
+        segments = segments[:at]
+    literal = [s for s in segments if "{" not in s]
+    if not literal:
+        return ()
+    return _entity(words(literal[-1].split(".")[0]))
+
+
+def _resource(tool: Tool) -> tuple[str, ...]:
+    route = _route(tool)
+    return (path_resource(route) if route else ()) or name_nouns(tool.name)
+
+
+def _param_entity(tool: Tool, param: str) -> tuple[str, ...]:
+    """The entity a bare ``id``/``sid`` parameter names: the collection before it in the path, or, with no path
+    known, the tool's resource unless the tool creates one (a body ``id`` there is the new record's own)."""
+    route = _route(tool)
+    if route:
+        place = (_origin(tool).get("args") or {}).get(param)
+        if isinstance(place, dict):  # the importer's record of where the argument goes
+            return path_resource(route, before=place.get("name", param)) if place.get("in") == "path" else ()
+        return path_resource(route, before=param)
+    first = words(tool.name)[:1]
+    return () if first and first[0] in CREATE_VERBS else name_nouns(tool.name)
+
+
+def _closed_list(schema: Any, root: Any) -> bool:
+    schema = _deref(schema, root, frozenset())[0]
+    return isinstance(schema, dict) and ("enum" in schema or "const" in schema)
+
+
+def _in_path(tool: Tool, param: str) -> bool:
+    place = (_origin(tool).get("args") or {}).get(param)
+    if isinstance(place, dict):
+        return place.get("in") == "path"
+    return "{" + param + "}" in _route(tool)
+
+
+def _feeds_identifier(src: str, dst: str) -> bool:
+    """Identifiers may widen from integer to string (``id: 10`` → ``petId: "10"``), never narrow."""
+    return _types_compatible(src, dst) or (src == "integer" and dst == "string")
 
 
 def _types_compatible(a: str, b: str) -> bool:
     return a == b or {a, b} == {"integer", "number"}
 
 
-def name_similarity(field_name: str, param: str) -> float:
-    """How likely a field and a parameter name the same thing, 0–100.
+@dataclass(frozen=True)
+class _Param:
+    tool: str
+    name: str
+    type: str
+    entity: tuple[str, ...] = ()
 
-    The shared ``_id`` suffix carries no meaning, so it is stripped before comparing the stems.
-    """
-    a, b = field_name.lower(), param.lower()
-    if a == b:
-        return 100.0
-    sa, sb = a.removesuffix("_id"), b.removesuffix("_id")
-    if (a.endswith("_id")) != (b.endswith("_id")) or not sa or not sb:
-        return 0.0
-    return float(fuzz.partial_ratio(sa, sb)) if min(len(sa), len(sb)) >= 3 else 0.0
+
+@dataclass
+class _Index:
+    """The parameters of all tools, keyed so that a result field finds its candidates by dictionary lookups."""
+
+    identifiers: dict[tuple[str, str], list[_Param]] = field(default_factory=lambda: defaultdict(list))
+    attributes: dict[str, list[_Param]] = field(default_factory=lambda: defaultdict(list))
+    names: dict[str, list[_Param]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, tool: Tool) -> None:
+        schema = tool.parameters or {}
+        places = _origin(tool).get("args") or {}
+        for pname, sub in (schema.get("properties") or {}).items():
+            ptype = _type_of(sub, schema, frozenset())
+            if not ptype:
+                continue
+            place = places.get(pname)
+            # the spec's own name: the importer renames a body field that clashes ("body_AccountSid")
+            spec_name = place.get("name", pname) if isinstance(place, dict) else pname
+            self.names[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
+            ident = identifier(spec_name)
+            if ident:
+                key, entity = ident
+                entity = entity or _param_entity(tool, pname)
+                if entity:
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity))
+            elif plain_attribute(spec_name, ptype) and not _closed_list(sub, schema) and (
+                    not tool.mutates or _in_path(tool, pname)):
+                # A write's other arguments are the new values the user chooses (a new city, a new limit), and a
+                # value from a closed list is a choice too; a read's (a lookup by email, a filter by date) and a
+                # path's (``/repositories/{username}/{slug}`` names the record) can come from an earlier result.
+                self.attributes[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
 
 
 @dataclass
@@ -97,28 +393,38 @@ class ToolGraph:
         tools = {t.name: t for t in tools}
         domain = next(iter(tools.values())).domain if tools else ""
         g = nx.DiGraph()
+        index = _Index()
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
-        fk = {(c, r) for c, r in foreign_keys if c != r}
-        for u, v in itertools.permutations(tools.values(), 2):
-            params = {
-                p: _scalar_type(s) for p, s in (v.parameters.get("properties") or {}).items() if _scalar_type(s)
-            }
-            bindings = []
-            for out in output_fields(u.returns):
-                for param, ptype in params.items():
-                    if not _types_compatible(out.type, ptype):
-                        continue
-                    if out.type == "string" and (out.name in FREE_TEXT or param in FREE_TEXT):
-                        continue
-                    if (out.name, param) in fk:
-                        bindings.append({"path": out.path, "param": param, "kind": "entity", "score": 100.0})
-                        continue
-                    score = name_similarity(out.name, param)
-                    if score >= NAME_THRESHOLD:
-                        bindings.append({"path": out.path, "param": param, "kind": "name", "score": score})
-            if bindings:
-                g.add_edge(u.name, v.name, bindings=bindings)
+            index.add(t)
+        related: dict[str, set[str]] = defaultdict(set)  # a column -> the columns it references or is referenced by
+        for column, referenced in foreign_keys:
+            c, r = normalise(column), normalise(referenced)
+            if c != r:
+                related[c].add(r)
+                related[r].add(c)
+        found: dict[tuple[str, str], dict[tuple[tuple[str, ...], str], dict[str, Any]]] = defaultdict(dict)
+
+        def bind(u: str, v: str, path: tuple[str, ...], param: str, kind: str, score: float) -> None:
+            if u == v:
+                return
+            edge = found[u, v]
+            old = edge.get((path, param))
+            if old is None or (score > old["score"] and old["kind"] != "link"):
+                edge[path, param] = {"path": path, "param": param, "kind": kind, "score": score}
+
+        by_operation = {t.name: t.name for t in tools.values()}
+        for t in tools.values():
+            op = _origin(t).get("name")  # the spec's own operationId, where the tool's name had to differ
+            if isinstance(op, str):
+                by_operation.setdefault(op, t.name)
+        for u in tools.values():
+            for v, path, param in _links(u, tools, by_operation):
+                bind(u.name, v, path, param, "link", LINK)
+            for out, kind, score, target in _candidates(u, index, related):
+                bind(u.name, target.tool, out.path, target.name, kind, score)
+        for (u, v), edge in found.items():
+            g.add_edge(u, v, bindings=list(edge.values()))
         return cls(domain, tools, g)
 
     def edges(self) -> list[ToolEdge]:
@@ -134,6 +440,11 @@ class ToolGraph:
     def successors(self, u: str) -> list[str]:
         return sorted(self.graph.successors(u))
 
+    def density(self) -> float:
+        """Edges over ordered tool pairs: 1.0 when every tool feeds every other."""
+        n = self.graph.number_of_nodes()
+        return self.graph.number_of_edges() / (n * (n - 1)) if n > 1 else 0.0
+
     def longest_chain(self) -> int:
         """Longest simple path length (in tools) the graph allows, capped at 8; tells which depths are reachable."""
         best = 1
@@ -146,6 +457,70 @@ class ToolGraph:
                     return best
                 stack.extend((n, seen | {n}) for n in self.graph.successors(node) if n not in seen)
         return best
+
+
+def _candidates(
+    u: Tool, index: _Index, related: dict[str, set[str]]
+) -> Iterator[tuple[OutputField, str, float, _Param]]:
+    """``(field, kind, score, parameter)`` for every parameter a result field of ``u`` feeds."""
+    resource = None
+    for out in output_fields(u.returns):
+        norm = normalise(out.name)
+        ident = identifier(out.name)
+        if ident:
+            key, entity = ident
+            if entity:
+                entities = [entity]
+            elif out.holder:
+                entities = [holder_entity(h) for h in out.holder]
+            else:
+                resource = _resource(u) if resource is None else resource
+                entities = [resource]
+            for entity in dict.fromkeys(e for e in entities if e):
+                for p in index.identifiers.get((key, entity[-1]), ()):
+                    if same_entity(entity, p.entity) and _feeds_identifier(out.type, p.type):
+                        score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY
+                        yield out, "name", score, p
+        elif plain_attribute(out.name, out.type):
+            for p in index.attributes.get(norm, ()):
+                if _types_compatible(out.type, p.type):
+                    yield out, "name", SAME_NAME, p
+        for other in related.get(norm, ()):
+            for p in index.names.get(other, ()):
+                if _types_compatible(out.type, p.type):
+                    yield out, "entity", FOREIGN_KEY, p
+
+
+def _links(
+    u: Tool, tools: dict[str, Tool], by_operation: dict[str, str]
+) -> Iterator[tuple[str, tuple[str, ...], str]]:
+    """``(target tool, result path, parameter)`` for each OpenAPI response link of ``u`` into the body.
+
+    ``by_operation`` maps the spec's operationIds (and the tools' names) to tool names."""
+    links = _origin(u).get("links")
+    if not isinstance(links, list):
+        return
+    fields = None
+    for link in links:
+        if not isinstance(link, dict):
+            continue
+        op = link.get("operationId")
+        target = by_operation.get(op) if isinstance(op, str) else None
+        params = link.get("parameters")
+        if target is None or not isinstance(params, dict):
+            continue
+        accepted = (tools[target].parameters or {}).get("properties") or {}
+        for param, expression in params.items():
+            if param not in accepted and "." in param:  # "path.petId": the place, then the name
+                param = param.split(".", 1)[1]
+            body = isinstance(expression, str) and expression.startswith("$response.body#/")
+            if param not in accepted or not body:
+                continue  # $request.* and headers come from elsewhere than this result
+            pointer = [p.replace("~1", "/").replace("~0", "~") for p in expression.split("#/", 1)[1].split("/")]
+            keys = [p for p in pointer if not p.isdigit()]
+            fields = output_fields(u.returns) if fields is None else fields
+            path = next((f.path for f in fields if [p for p in f.path if p != "*"] == keys), None)
+            yield target, path or tuple("*" if p.isdigit() else p for p in pointer), param
 
 
 @lru_cache(maxsize=64)

@@ -1,22 +1,45 @@
 """The tool graph: which tool's output can feed which tool's input, and the coverage bookkeeping.
 
 Specified here:
-* ``name_similarity`` says ``account_id`` ~ ``from_account_id`` and keeps ids and non-ids apart, and names that
-  denote different things (``customer_id`` vs ``order_id``) stay below the edge threshold;
-* ``output_fields`` finds scalar fields inside objects, lists of objects and nested lists, with ``*`` paths;
-* ``ToolGraph.build`` on the retail domain yields the edges a person would draw, never a self-loop;
-* foreign keys add "entity" edges between differently named field and parameter;
+* names are compared as words across case styles (``petId`` = ``pet_id``, ``ChatServiceSid`` =
+  ``chat_service_sid``); ``name_similarity`` says ``account_id`` ~ ``from_account_id``, keeps ids and non-ids
+  apart and never matches on a shared substring (``repos_url`` is not ``repo``, ``model`` is not ``mode``);
+* ``output_fields`` finds scalar fields inside objects, lists of objects and nested lists, with ``*`` paths,
+  through local ``$ref``s, ``allOf``/``oneOf``/``anyOf`` and recursive schemas;
+* a resource's own ``id``/``sid`` feeds the identifier parameters of that entity (``petId``, a bare ``Sid`` in
+  ``/Messages/{Sid}``), and no other entity's; a field naming an entity (``account_sid``) feeds that entity's
+  parameters; attributes bind by exact name only, into reads and path parameters, never free text or enums;
+* OpenAPI response links in ``Tool.origin`` become ``link`` bindings;
+* ``ToolGraph.build`` on the retail domain yields the edges a person would draw, never a self-loop, and on the
+  real petstore the ``listPets`` → ``showPetById`` edge; its work grows with the bindings, not with tool pairs;
+* foreign keys add "entity" edges between differently named field and parameter, both ways;
 * ``Coverage`` counts tools, tool pairs and tool combinations and summarises them as ratios.
 """
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import networkx as nx
 import pytest
 
+import generators.graph as graph_module
 from envs import DOMAINS, Environment
-from generators.graph import NAME_THRESHOLD, Coverage, OutputField, ToolGraph, name_similarity, output_fields
+from generators.graph import (
+    SAME_ENTITY,
+    Coverage,
+    OutputField,
+    ToolGraph,
+    identifier,
+    name_similarity,
+    normalise,
+    output_fields,
+    words,
+)
 from schemas import TABLES, Tool
+
+CATALOGS = Path(__file__).resolve().parents[3] / "shared" / "catalogs" / "openapi"
 
 
 @pytest.fixture(scope="module")
@@ -25,24 +48,36 @@ def retail_graph() -> ToolGraph:
     return ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
 
 
-def _tool(name: str, params: dict[str, dict], returns: dict | None, domain: str = "toy") -> Tool:
-    return Tool(
+def _tool(name: str, params: dict[str, dict], returns: dict | None, domain: str = "toy", *,
+          mutates: bool = False, path: str | None = None, links: list[dict] | None = None) -> Tool:
+    tool = Tool(
         name=name,
         description=name,
         parameters={"type": "object", "properties": params, "required": sorted(params)},
         domain=domain,
         returns=returns,
-        mutates=False,
+        mutates=mutates,
     )
+    if path is not None or links is not None:
+        tool.origin = {"kind": "openapi", "name": name, "method": "post" if mutates else "get", "path": path or "/",
+                       "links": links or []}
+    return tool
+
+
+STR, INT = {"type": "string"}, {"type": "integer"}
+
+
+def _bound(graph: ToolGraph) -> set[tuple[str, str, str, str]]:
+    return {(e.src, e.dst, e.src_field, e.dst_param) for e in graph.edges()}
 
 
 # --- name similarity --------------------------------------------------------------------------------------------
 
 
 def test_prefixed_parameter_matches_its_field() -> None:
-    assert name_similarity("account_id", "from_account_id") >= NAME_THRESHOLD
-    assert name_similarity("account_id", "to_account_id") >= NAME_THRESHOLD
-    assert name_similarity("from_account_id", "account_id") >= NAME_THRESHOLD
+    assert name_similarity("account_id", "from_account_id") == SAME_ENTITY
+    assert name_similarity("account_id", "to_account_id") == SAME_ENTITY
+    assert name_similarity("from_account_id", "account_id") == SAME_ENTITY
 
 
 def test_identical_names_score_100_case_insensitively() -> None:
@@ -52,8 +87,8 @@ def test_identical_names_score_100_case_insensitively() -> None:
 
 def test_different_entities_do_not_match() -> None:
     """``customer`` and ``order`` are different things: never similar enough to become an edge."""
-    assert name_similarity("customer_id", "order_id") < NAME_THRESHOLD
-    assert name_similarity("organiser_id", "user_id") < NAME_THRESHOLD  # that one needs a foreign key
+    assert name_similarity("customer_id", "order_id") == 0.0
+    assert name_similarity("organiser_id", "user_id") == 0.0  # that one needs a foreign key
 
 
 @pytest.mark.parametrize(
@@ -250,6 +285,261 @@ def test_calendar_organiser_feeds_user_parameters() -> None:
     graph = ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
     entity = [e for e in graph.edges() if e.kind == "entity"]
     assert entity and all(e.src_field.split(".")[-1] == "organiser_id" and e.dst_param == "user_id" for e in entity)
+
+
+# --- names as words ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["petId", "pet_id", "PetId", "pet-id", "petID", "PET_ID"])
+def test_case_styles_give_the_same_words(name: str) -> None:
+    assert words(name) == ("pet", "id")
+    assert identifier(name) == ("id", ("pet",))
+
+
+def test_identifiers_name_their_entity() -> None:
+    assert identifier("ChatServiceSid") == ("sid", ("chat", "service"))
+    assert identifier("account_sid") == identifier("AccountSid") == ("sid", ("account",))
+    assert identifier("from_account_id") == ("id", ("account",))  # a role word says which account, not what
+    assert identifier("Sid") == ("sid", ())  # bare: the tool's path or name says whose
+    assert identifier("repos_url") is None and identifier("PageSize") is None
+    assert normalise("PageSize") == "page_size"
+
+
+@pytest.mark.parametrize("field, param", [("repos_url", "repo"), ("model", "mode"), ("account_sid", "Sid"),
+                                          ("repos_url", "repos"), ("owner", "owner_id"), ("service_sid", "ServiceId")])
+def test_no_substring_or_fuzzy_matches(field: str, param: str) -> None:
+    assert name_similarity(field, param) == 0.0
+
+
+def test_same_entity_across_case_styles_and_qualifiers() -> None:
+    assert name_similarity("account_sid", "AccountSid") == 100.0
+    assert name_similarity("owner_id", "ownerId") == 100.0
+    assert name_similarity("service_sid", "ChatServiceSid") == SAME_ENTITY  # a qualified service
+    assert name_similarity("messaging_service_sid", "ChatServiceSid") == 0.0  # two different services
+
+
+# --- results through $ref and compositions ----------------------------------------------------------------------
+
+
+def test_output_fields_follow_local_refs_and_merge_all_of() -> None:
+    schema = {
+        "type": "array",
+        "items": {"allOf": [{"$ref": "#/$defs/NewPet"}, {"type": "object", "properties": {"id": INT}}]},
+        "$defs": {"NewPet": {"type": "object", "properties": {"name": STR, "owner": {"$ref": "#/definitions/User"}}}},
+        "definitions": {"User": {"type": "object", "properties": {"user_id": STR}}},
+    }
+    fields = output_fields(schema)
+    assert [(f.path, f.type) for f in fields] == [
+        (("*", "name"), "string"), (("*", "owner", "user_id"), "string"), (("*", "id"), "integer")]
+    holders = {f.path: f.holder for f in fields}
+    assert holders["*", "name"][0] == "NewPet" and holders["*", "owner", "user_id"][0] == "User"
+
+
+def test_output_fields_take_every_branch_of_one_of_once() -> None:
+    schema = {"oneOf": [{"type": "object", "properties": {"card_id": STR, "last4": STR}},
+                        {"type": "object", "properties": {"iban": STR, "last4": {"type": "integer"}}}]}
+    assert [(f.name, f.type) for f in output_fields(schema)] == [
+        ("card_id", "string"), ("last4", "string"), ("iban", "string")]
+
+
+def test_output_fields_of_a_scalar_behind_a_ref_or_an_all_of_wrapper() -> None:
+    schema = {"type": "object", "properties": {"sid": {"$ref": "#/$defs/Sid"}, "count": {"allOf": [INT]}},
+              "$defs": {"Sid": {"type": "string", "pattern": "^AC"}}}
+    assert [(f.name, f.type) for f in output_fields(schema)] == [("sid", "string"), ("count", "integer")]
+
+
+def test_recursive_schemas_end() -> None:
+    schema = {"$ref": "#/$defs/Folder",
+              "$defs": {"Folder": {"type": "object", "properties": {
+                  "folder_id": STR, "children": {"type": "array", "items": {"$ref": "#/$defs/Folder"}},
+                  "parent": {"anyOf": [{"$ref": "#/$defs/Folder"}, {"type": "null"}]}}}}}
+    assert [f.path for f in output_fields(schema)] == [("folder_id",)]
+    assert output_fields({"$ref": "#/$defs/missing"}) == []
+
+
+# --- entity-aware bindings --------------------------------------------------------------------------------------
+
+
+PET = {"title": "Pet", "type": "object", "properties": {"id": INT, "name": STR, "tag": STR}}
+
+
+def test_a_resources_own_id_feeds_its_camel_case_identifier() -> None:
+    """The real petstore edge: the listed pets' integer ``id`` feeds ``showPetById``'s string ``petId``."""
+    tools = [
+        _tool("listPets", {"limit": INT}, {"type": "array", "items": PET}, path="/pets"),
+        _tool("createPets", {"id": INT, "name": STR, "tag": STR}, None, mutates=True, path="/pets"),
+        _tool("showPetById", {"petId": STR}, PET, path="/pets/{petId}"),
+        _tool("showOwnerById", {"ownerId": STR}, None, path="/owners/{ownerId}"),
+    ]
+    graph = ToolGraph.build(tools)
+    assert _bound(graph) == {("listPets", "showPetById", "*.id", "petId")}
+    # the new pet's body id is its own, not an existing pet's; tag is the user's choice for a write
+
+
+def test_a_bare_sid_takes_the_resource_of_its_path_segment() -> None:
+    message = {"type": "object", "properties": {"sid": STR, "conversation_sid": STR, "account_sid": STR}}
+    conversation = {"type": "object", "title": "conversations.v1.conversation",
+                    "properties": {"sid": STR, "account_sid": STR, "chat_service_sid": STR, "url": STR}}
+    tools = [
+        _tool("ListConversationMessage", {"ConversationSid": STR},
+              {"type": "object", "properties": {"messages": {"type": "array", "items": message}}},
+              path="/v1/Conversations/{ConversationSid}/Messages"),
+        _tool("FetchConversationMessage", {"ConversationSid": STR, "Sid": STR}, message,
+              path="/v1/Conversations/{ConversationSid}/Messages/{Sid}"),
+        _tool("FetchConversation", {"Sid": STR}, conversation, path="/v1/Conversations/{Sid}"),
+        _tool("FetchService", {"Sid": STR}, None, path="/v1/Services/{Sid}"),
+    ]
+    bound = _bound(ToolGraph.build(tools))
+    assert ("ListConversationMessage", "FetchConversationMessage", "messages.*.sid", "Sid") in bound
+    assert ("ListConversationMessage", "FetchConversation", "messages.*.conversation_sid", "Sid") in bound
+    assert ("FetchConversation", "ListConversationMessage", "sid", "ConversationSid") in bound
+    assert ("FetchConversation", "FetchService", "chat_service_sid", "Sid") in bound
+    # a message's sid is no conversation's, a conversation's no message's, an account's no service's
+    assert ("FetchConversationMessage", "FetchConversation", "sid", "Sid") not in bound
+    assert ("FetchConversation", "FetchConversationMessage", "sid", "Sid") not in bound
+    assert not any(f.endswith("account_sid") for _, _, f, _ in bound)
+
+
+def test_a_template_with_a_suffix_still_names_its_argument() -> None:
+    """Twilio 2010 paths end in ``{Sid}.json``; the body field the importer renamed keeps its spec name."""
+    account = {"type": "object", "properties": {"sid": STR, "owner_account_sid": STR}}
+    fetch = _tool("FetchAccount", {"Sid": STR}, account, path="/2010-04-01/Accounts/{Sid}.json")
+    update = _tool("UpdateNumber", {"AccountSid": STR, "body_AccountSid": STR}, None, mutates=True,
+                   path="/2010-04-01/Accounts/{AccountSid}/IncomingPhoneNumbers.json")
+    update.origin["args"] = {"AccountSid": {"in": "path", "name": "AccountSid"},
+                             "body_AccountSid": {"in": "body", "name": "AccountSid"}}
+    bound = _bound(ToolGraph.build([fetch, update]))
+    assert {("FetchAccount", "UpdateNumber", "sid", "AccountSid"),
+            ("FetchAccount", "UpdateNumber", "sid", "body_AccountSid")} <= bound
+    lister = _tool("ListNumber", {"AccountSid": STR}, {"type": "object", "properties": {"account_sid": STR}},
+                   path="/2010-04-01/Accounts/{AccountSid}/IncomingPhoneNumbers.json")
+    assert ("ListNumber", "FetchAccount", "account_sid", "Sid") in _bound(ToolGraph.build([fetch, lister]))
+
+
+def test_without_a_path_the_tool_name_says_the_resource() -> None:
+    """Tools with no origin (hand-written, MCP): ``showPetById`` takes a pet's ``id``; ``addPet``'s ``id`` is
+    the new pet's own."""
+    tools = [
+        _tool("listPets", {}, {"type": "array", "items": {"type": "object", "properties": {"id": INT}}}),
+        _tool("deletePet", {"id": INT}, None, mutates=True),
+        _tool("addPet", {"id": INT}, None, mutates=True),
+        _tool("getOwner", {"id": INT}, None),
+    ]
+    assert _bound(ToolGraph.build(tools)) == {("listPets", "deletePet", "*.id", "id")}
+
+
+def test_nested_objects_are_their_property_s_entity() -> None:
+    repo = {"type": "object", "properties": {"slug": STR, "owner": {"type": "object", "properties": {"uuid": STR}}}}
+    tools = [_tool("getRepository", {}, repo), _tool("getOwner", {"owner_uuid": STR}, None),
+             _tool("getRepo", {"repository_uuid": STR}, None)]
+    assert _bound(ToolGraph.build(tools)) == {("getRepository", "getOwner", "owner.uuid", "owner_uuid")}
+
+
+def test_attributes_bind_by_exact_name_into_reads_and_paths_only() -> None:
+    user = {"type": "object", "properties": {"username": STR, "repos_url": STR, "model": STR, "email": STR,
+                                             "friendly_name": STR, "status": STR, "date_created": STR,
+                                             "enabled": {"type": "boolean"}, "page_size": INT}}
+    tools = [
+        _tool("getUser", {}, user),
+        _tool("findByEmail", {"email": STR, "repo": STR, "mode": STR}, None),
+        _tool("mergePullRequest", {"username": STR, "status": STR}, None, mutates=True,
+              path="/repositories/{username}/merge"),
+        _tool("listThings", {"FriendlyName": STR, "DateCreated": STR, "Enabled": {"type": "boolean"},
+                             "PageSize": INT, "Status": {"type": "string", "enum": ["open", "closed"]}}, None),
+    ]
+    assert _bound(ToolGraph.build(tools)) == {("getUser", "findByEmail", "email", "email"),
+                                              ("getUser", "mergePullRequest", "username", "username")}
+
+
+def test_attribute_types_must_agree_and_identifiers_never_narrow() -> None:
+    tools = [_tool("getA", {}, {"type": "object", "properties": {"code": INT, "pet_id": STR}}),
+             _tool("findB", {"code": STR, "pet_id": INT}, None)]
+    assert _bound(ToolGraph.build(tools)) == set()
+
+
+def test_response_links_become_link_bindings() -> None:
+    links = [{"operationId": "get pull request", "parameters": {"pid": "$response.body#/0/id",
+                                                                "path.slug": "$response.body#/0/repo/slug",
+                                                                "state": "$request.query.state",
+                                                                "nope": "$response.body#/id"}}]
+    tools = [
+        _tool("listPullRequests", {}, {"type": "array", "items": {"type": "object", "properties": {
+            "id": INT, "repo": {"type": "object", "properties": {"slug": STR}}}}}, path="/prs", links=links),
+        _tool("get_pull_request", {"pid": STR, "slug": STR, "state": STR}, None, path="/prs/{slug}/{pid}"),
+    ]
+    tools[1].origin["name"] = "get pull request"  # the spec's operationId, which the tool name had to change
+    graph = ToolGraph.build(tools)
+    links_bound = {(b["param"], ".".join(b["path"])) for b in graph.bindings("listPullRequests", "get_pull_request")
+                   if b["kind"] == "link"}
+    assert links_bound == {("pid", "*.id"), ("slug", "*.repo.slug")}
+
+
+def test_the_build_looks_up_candidates_instead_of_comparing_all_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entity comparisons grow with the bindings: 4x the resources, about 4x the comparisons, not 16x."""
+    calls = []
+    real = graph_module.same_entity
+    monkeypatch.setattr(graph_module, "same_entity", lambda a, b: calls.append(1) or real(a, b))
+
+    def catalog(n: int) -> list[Tool]:
+        tools = []
+        for i in range(n):
+            item = {"type": "object", "title": f"Thing{chr(97 + i % 26)}{chr(97 + i // 26)}x",
+                    "properties": {"sid": STR, "status": STR}}
+            name = item["title"]
+            tools += [_tool(f"List{name}", {}, {"type": "array", "items": item}, path=f"/v1/{name}s"),
+                      _tool(f"Fetch{name}", {"Sid": STR}, item, path=f"/v1/{name}s/{{Sid}}")]
+        return tools
+
+    counts = []
+    for n in (25, 100):
+        calls.clear()
+        graph = ToolGraph.build(catalog(n))
+        assert graph.graph.number_of_edges() == n  # each list feeds its own fetch, nothing else
+        counts.append(len(calls))
+    assert counts[1] <= 6 * counts[0]
+
+
+def test_density_counts_edges_over_ordered_pairs() -> None:
+    graph = ToolGraph.build(_event_and_user_tools(), foreign_keys=[("organiser_id", "user_id")])
+    assert graph.density() == 0.5
+    assert ToolGraph.build([]).density() == 0.0
+
+
+# --- real descriptions ------------------------------------------------------------------------------------------
+
+
+def _catalog(name: str) -> list[Tool]:
+    from generators.catalog import load_catalog
+
+    path = next(CATALOGS.glob(f"*/{name}"), None)
+    if path is None:
+        pytest.skip(f"{name} is not in ../shared/catalogs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_catalog(path)
+
+
+def test_real_petstore_has_its_list_to_show_edge() -> None:
+    graph = ToolGraph.build(_catalog("petstore.yaml"))
+    assert ("listPets", "showPetById", "*.id", "petId") in _bound(graph)
+    assert not graph.graph.has_edge("listPets", "createPets")
+
+
+def test_real_link_example_links_pull_requests_to_their_merge() -> None:
+    graph = ToolGraph.build(_catalog("link-example.yaml"))
+    kinds = {(b["param"], ".".join(b["path"]), b["kind"]) for b in graph.bindings("getPullRequestsById",
+                                                                                    "mergePullRequest")}
+    assert {("pid", "id", "link"), ("username", "author.username", "link"), ("slug", "repository.slug", "link")} <= kinds
+
+
+def test_real_twilio_ids_feed_only_their_own_entity() -> None:
+    graph = ToolGraph.build(_catalog("twilio_conversations_v1.json"))
+    for e in graph.edges():
+        field = e.src_field.split(".")[-1]
+        assert not field.endswith("url"), e
+        if field == "account_sid":
+            assert e.dst_param in ("AccountSid",), e  # never a bare Sid of some other resource
+    assert ("ListConversation", "FetchConversation", "conversations.*.sid", "Sid") in _bound(graph)
 
 
 # --- coverage ---------------------------------------------------------------------------------------------------
