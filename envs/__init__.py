@@ -1,9 +1,21 @@
-"""Built-in executable environments, one module per domain."""
+"""Executable environments: the built-in domains (one module each), REST domains generated from OpenAPI
+descriptions, and the sandboxed ones of users' plugins and MCP servers."""
 
-from envs.base import Domain, Environment, ToolError, ToolSpec, diff_states, observation, parse_call, tool
+from envs.base import (
+    Domain,
+    Environment,
+    ToolEnvironment,
+    ToolError,
+    ToolSpec,
+    diff_states,
+    observation,
+    parse_call,
+    tool,
+)
+from envs.openapi import OpenAPIDomainError, OpenAPIReport, domain_from_tools
 from envs.registry import DOMAINS, get_domain
 
 __all__ = [
-    "DOMAINS", "Domain", "Environment", "ToolError", "ToolSpec", "diff_states", "get_domain", "observation",
-    "parse_call", "tool",
+    "DOMAINS", "Domain", "Environment", "OpenAPIDomainError", "OpenAPIReport", "ToolEnvironment", "ToolError", "ToolSpec",
+    "diff_states", "domain_from_tools", "get_domain", "observation", "parse_call", "tool",
 ]

@@ -22,7 +22,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Protocol, get_args, get_origin, get_type_hints
 
 import jsonschema
 import referencing
@@ -84,7 +84,7 @@ class ToolSpec:
     record: Tool
     method: str
     phrase: str
-    answer: str | None
+    answer: str | None  # a result field, "#" (how many), "auto" (chosen from the result) or None
 
     @property
     def name(self) -> str:
@@ -93,6 +93,35 @@ class ToolSpec:
     @property
     def mutates(self) -> bool:
         return bool(self.record.mutates)
+
+    @classmethod
+    def described(cls, record: Tool, *, method: str | None = None) -> ToolSpec:
+        """A spec for a tool that has only its description (imported catalogs, MCP servers, OpenAPI operations).
+
+        The request phrase comes from the description's first sentence plus the required parameters
+        (``"info for a specific pet (pet id: {petId})"``); the task writer rewrites it into natural language later. A read
+        sink's answer is chosen from what its call returned (``"auto"``: a list's length, else the result's
+        status, name or id — see ``generators.tasks.answer_field``), since a description rarely says which field a
+        user would ask about.
+        """
+        return cls(record=record, method=method or record.name, phrase=generic_phrase(record), answer="auto")
+
+
+def _words(name: str) -> str:
+    """``petId`` / ``pet_id`` / ``PetSid`` → ``pet id`` / ``pet id`` / ``pet sid``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|[_-]+", " ", name).lower().strip()
+
+
+def generic_phrase(record: Tool) -> str:
+    """A request template for a tool known only by its description: first sentence, then required parameters."""
+    text = re.split(r"(?<=[.!?])\s|\n", (record.description or "").strip(), maxsplit=1)[0].rstrip(".!? ")
+    text = text or record.name.replace("_", " ")
+    text = text[0].lower() + text[1:] if text[:1].isupper() and not text[1:2].isupper() else text
+    required = [p for p in (record.parameters or {}).get("required", [])
+                if p in (record.parameters or {}).get("properties", {})]
+    # "name: value", not "name value": a phrase renderer drops a noun in front of its own value
+    slots = ", ".join(f"{_words(p)}: {{{p}}}" for p in required if re.fullmatch(r"\w+", p))
+    return f"{text} ({slots})" if slots else text
 
 
 # --- JSON schema from signature + docstring ---------------------------------------------------------------
@@ -214,6 +243,10 @@ class Domain(abc.ABC):
     def __init__(self, db: sqlite3.Connection):
         self.db = db
 
+    def invoke(self, method: str, arguments: dict[str, Any]) -> Any:
+        """Run tool ``method`` with validated ``arguments``; a generated domain overrides this to dispatch."""
+        return getattr(self, method)(**arguments)
+
     @classmethod
     @abc.abstractmethod
     def populate(cls, db: sqlite3.Connection, rng: random.Random) -> None:
@@ -274,6 +307,42 @@ def observation(result: Any, error: str | None) -> str:
     return json.dumps({"error": error} if error else result, sort_keys=True, default=str)
 
 
+class ToolEnvironment(Protocol):
+    """What every stage asks of an environment, whatever its source.
+
+    :class:`Environment` (a domain class over in-memory SQLite: the built-in domains, OpenAPI-generated REST
+    domains) is the reference implementation; environments that live in another process (a user's plugin, an
+    MCP server) implement the same surface, so the sampler, task builder, controls, verifiers, agents,
+    curation and training never ask where an environment came from.
+
+    State is always presented as ``rows()``: table → primary-key string → row, with :meth:`diff` and
+    :meth:`state_hash` computed from it, so a state diff means the same for every source.
+    """
+
+    domain_cls: Any  # ``.name`` and ``.description`` of the environment's domain (agents and tasks name it)
+    seed: int
+    specs: dict[str, ToolSpec]
+
+    @property
+    def initial_state_hash(self) -> str: ...
+    def fork(self) -> ToolEnvironment: ...
+    def at(self, snapshot: bytes) -> ToolEnvironment: ...
+    def close(self) -> None: ...
+    def snapshot(self) -> bytes: ...
+    def restore(self, data: bytes) -> None: ...
+    def tables(self) -> list[str]: ...
+    def rows(self) -> dict[str, dict[str, dict[str, Any]]]: ...
+    def state_hash(self) -> str: ...
+    def row_counts(self) -> dict[str, int]: ...
+    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict: ...
+    def foreign_keys(self) -> list[tuple[str, str]]: ...
+    def call(self, call: Any) -> tuple[Any, str | None]: ...
+    def check_arguments(self, name: str, arguments: Any) -> str | None: ...
+    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]: ...
+    def candidates(self, param: str, tool: str | None = None) -> list[Any]: ...
+    def candidate_rows(self, tool: str) -> list[dict[str, Any]]: ...
+
+
 def _connect(data: bytes | None = None) -> sqlite3.Connection:
     db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
     if data is not None:
@@ -326,6 +395,14 @@ class Environment:
     def fork(self) -> Environment:
         """A fresh environment in this environment's *initial* state (cheap: no regeneration)."""
         return Environment(self.domain_cls, self.seed, _initial=self.initial)
+
+    def at(self, snapshot: bytes) -> Environment:
+        """A fresh environment whose initial state is ``snapshot`` (of this one); this one is left as it is."""
+        return Environment(self.domain_cls, self.seed, _initial=snapshot)
+
+    def close(self) -> None:
+        """Release what the environment holds (nothing for an in-process database; a process for others)."""
+        self.db.close()
 
     # state ---------------------------------------------------------------------------------------------
     def tables(self) -> list[str]:
@@ -406,7 +483,7 @@ class Environment:
         }
         self.db.execute("SAVEPOINT call")
         try:
-            result = getattr(self.impl, spec.method)(**arguments)
+            result = self.impl.invoke(spec.method, arguments)
         except ToolError as exc:
             self.db.execute("ROLLBACK TO call")
             self.db.execute("RELEASE call")

@@ -51,7 +51,7 @@ def _write_call(env: Environment, tools: list[str], rng: random.Random) -> tuple
                     break
                 args[p] = value
             else:
-                trial = Environment(env.domain_cls, env.seed, _initial=env.snapshot())
+                trial = env.at(env.snapshot())
                 before = trial.state_hash()
                 _, error = trial.execute(tool, args)
                 if error is None and trial.state_hash() != before:

@@ -1,0 +1,1 @@
+"""An example synthloop domain shipped as its own distribution (``synthloop-bookshop``)."""
