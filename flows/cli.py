@@ -64,8 +64,18 @@ def _load_config(args: argparse.Namespace):
         value = getattr(args, key, None)
         if value is not None:
             data[key] = value
-    if args.domains:
-        data["domains"] = args.domains.split(",")
+    sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
+    sources += [{"kind": "mcp", "ref": ref, **({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {})}
+                for ref in getattr(args, "mcp", None) or []]
+    sources += [{"kind": "module", "ref": ref,
+                 **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
+                for ref in getattr(args, "env", None) or []]
+    if sources:
+        data["environments"] = [*data.get("environments", []), *sources]
+    if args.domains is not None:
+        data["domains"] = [d for d in args.domains.split(",") if d]
+    elif sources and "domains" not in data:
+        data["domains"] = []  # the user's own tools only, unless built-in domains are asked for too
     agents = data.setdefault("agents", {})
     if getattr(args, "llm_tasks", None) is not None:
         agents["llm_tasks"] = args.llm_tasks
@@ -292,9 +302,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
+    from generators.sources import Environments
     from verifiers.audit import audit
 
-    report = audit(require_corpus(args.corpus), run_id=args.run_id, sample=args.sample, seed=args.seed)
+    corpus = require_corpus(args.corpus)
+    with Environments(corpus) as environments:
+        report = audit(corpus, run_id=args.run_id, sample=args.sample, seed=args.seed,
+                       environment=environments.open)
     print(json.dumps(report, indent=2))
     bad = report["recheck"].get("reference_failed", 0) + report["recheck"].get("control_accepted", 0)
     return 1 if bad else 0
@@ -338,6 +352,73 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 1 if outcome.after is None or outcome.after.damaged else 0
 
 
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """``catalog inspect FILE``: what a catalog file imports, what it skips and why, and its tool graph's size."""
+    from generators.catalog import CatalogError, import_catalog
+    from generators.graph import ToolGraph
+
+    try:
+        result = import_catalog(args.file, format=args.format, strict=args.strict)
+    except CatalogError as exc:
+        if args.json:
+            print(json.dumps({"file": args.file, "error": exc.problems}, indent=2))
+        else:
+            print("\n".join(exc.problems), file=sys.stderr)
+        return 1
+    graph = ToolGraph.build(result.tools)
+    report = {
+        "file": result.file, "format": result.format, "content_hash": result.content_hash,
+        "files": result.files, "seconds": round(result.seconds, 3),
+        "imported": len(result.tools), "skipped": len(result.skipped),
+        "tools": [{"name": t.name, "original": (t.origin or {}).get("name"), "mutates": t.mutates,
+                   "arguments": len(t.parameters.get("properties") or {}), "returns": t.returns is not None}
+                  for t in result.tools],
+        "skipped_tools": [{"label": label, "reason": reason} for label, reason in result.skipped],
+        "notes": result.notes,
+        "graph": {"nodes": graph.graph.number_of_nodes(), "edges": graph.graph.number_of_edges(),
+                  "bindings": len(graph.edges())},
+    }
+    if result.format == "openapi" and result.tools:  # what `synthesize --catalog` would run it as
+        from envs import OpenAPIDomainError, domain_from_tools
+        from generators.config import EnvironmentSource
+        from generators.sources import source_name
+
+        try:
+            domain = domain_from_tools(result.tools, name=source_name(EnvironmentSource(kind="catalog", ref=args.file)),
+                                       source=args.file)
+            report["environment"] = {**domain.report.summary(), "tables": sorted(domain.report.resources),
+                                     "not_crud": [{"tool": o.tool, "operation": o.operation, "reason": o.reason}
+                                                  for o in domain.report.not_crud()]}
+        except OpenAPIDomainError as exc:
+            report["environment"] = {"error": str(exc)}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{result.file}: {result.format}, {len(result.tools)} tools imported, {len(result.skipped)} skipped "
+          f"({result.seconds:.2f} s; sha256 {result.content_hash[:12]}; {len(result.files)} file(s) read)")
+    for note in result.notes:
+        print(f"  note: {note}")
+    for tool in report["tools"]:
+        renamed = f" (written {tool['original']!r})" if tool["original"] not in (None, tool["name"]) else ""
+        effect = {True: "writes", False: "reads", None: "effect unknown"}[tool["mutates"]]
+        print(f"  + {tool['name']}{renamed}: {tool['arguments']} arguments, {effect}"
+              f"{', returns a schema' if tool['returns'] else ''}")
+    for label, reason in result.skipped:
+        print(f"  - {label}: {reason}")
+    g = report["graph"]
+    print(f"tool graph: {g['nodes']} nodes, {g['edges']} edges ({g['bindings']} bindings)")
+    env = report.get("environment")
+    if env and "error" in env:
+        print(f"environment: none ({env['error']})")
+    elif env:
+        kinds = ", ".join(f"{k} {n}" for k, n in env["executable"].items() if n)
+        print(f"environment: {env['resources']} resource tables ({', '.join(env['tables'])}); executable: {kinds}; "
+              f"not CRUD (left to the tool mock or an overlay): {env['not_crud'] and len(env['not_crud'])}")
+        for op in env["not_crud"]:
+            print(f"  ~ {op['tool']} ({op['operation']}): {op['reason']}")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser that remembers its option names, to suggest the nearest one for a misspelt option."""
 
@@ -377,7 +458,18 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--batch-size", dest="batch_size", type=int)
         p.add_argument("--seed", type=int)
         p.add_argument("--run-name", dest="run_name")
-        p.add_argument("--domains", help="comma-separated, e.g. retail,banking")
+        p.add_argument("--domains", help="comma-separated built-in domains, e.g. retail,banking (default: all four, "
+                                          "or none when --catalog/--mcp/--env is given)")
+        p.add_argument("--catalog", action="append", metavar="FILE",
+                       help="an OpenAPI description (JSON/YAML) to sample tasks on as a REST environment; repeatable")
+        p.add_argument("--mcp", action="append", metavar="COMMAND",
+                       help="an MCP server command over stdio, {workdir} standing for its working copy; repeatable")
+        p.add_argument("--mcp-state", dest="mcp_state", metavar="DIR",
+                       help="folder copied as each --mcp server's initial working copy")
+        p.add_argument("--env", action="append", metavar="MODULE:CLASS",
+                       help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
+        p.add_argument("--env-path", dest="env_path", metavar="DIR",
+                       help="folder to find --env packages in before the Python path, e.g. examples/bookshop")
         p.add_argument("--llm-tasks", dest="llm_tasks", type=int,
                        help="tasks that also get LLM rollouts (0 = scripted agents only, no model)")
         p.add_argument("--base-url", dest="base_url",
@@ -490,6 +582,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", dest="run_id")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.set_defaults(fn=cmd_audit)
+
+    p = sub.add_parser("catalog", help="tool catalogs: `catalog inspect FILE` says what a file imports and skips")
+    catalog = p.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
+    c = catalog.add_parser("inspect", help="what a catalog file (OpenAPI, OpenAI tools, MCP tools/list, BFCL) "
+                                           "imports, what it skips and why, and the size of its tool graph")
+    c.add_argument("file", help="the catalog file (JSON, JSON lines or YAML)")
+    c.add_argument("--json", action="store_true", help="print the report as JSON")
+    c.add_argument("--strict", action="store_true", help="fail (exit 1) if any tool cannot be imported")
+    c.add_argument("--format", default="auto", choices=["auto", "openai", "jsonschema", "bfcl", "openapi", "mcp"])
+    c.set_defaults(fn=cmd_catalog)
 
     p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")
     p.add_argument("--out", default="data/schemas")

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs import Environment, get_domain
+from envs import ToolEnvironment
 from flows.rollouts import LLMStage
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig
-from generators.graph import Coverage, domain_graph
+from generators.graph import Coverage
+from generators.sources import Source, domain_names, open_sources
 from generators.tasks import PlanSampler, sample_task, task_id_for
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
 from schemas import Task
@@ -25,11 +26,11 @@ from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
 
 
-def catalog_rows(domains: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """The tools and tool-graph edges of the given domains, as table rows."""
+def catalog_rows(sources: dict[str, Source]) -> dict[str, list[dict[str, Any]]]:
+    """The tools and tool-graph edges of the run's sources, as table rows."""
     tools, edges = [], []
-    for d in domains:
-        graph = domain_graph(d)
+    for src in sources.values():
+        graph = src.graph()
         tools += [t.to_row() for t in graph.tools.values()]
         edges += [e.to_row() for e in graph.edges()]
     return {"tools": tools, "tool_edges": edges}
@@ -59,6 +60,7 @@ class _Rows:
     counts: Counter = field(default_factory=Counter)
     timings: Counter = field(default_factory=Counter)
     coverage: Coverage = field(default_factory=Coverage)
+    per_domain: defaultdict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
 
 
 def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | None = None,
@@ -74,19 +76,32 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
     start = time.perf_counter()
     first = batch * config.batch_size
     indices = range(first, min(first + config.batch_size, config.n_tasks))
-    envs = {d: Environment(get_domain(d), env_seed(config, batch, d)) for d in config.domains}
-    usage: Counter = Counter()
-    samplers = {d: PlanSampler(envs[d], domain_graph(d), config.sampling, usage) for d in config.domains}
     quota = config.llm_quota(batch)
-    llm = LLMStage(config, base_urls or {}, cache_path) if quota else None
-    rows = _Rows()
+    # the user's own tools take free-form arguments (queries, messages) that a model proposes, and tools with no
+    # implementation are played by one; a run that uses a model at all uses it for those in every batch, so
+    # batches do not differ in what they can sample
+    uses_model = bool(config.agents.llm_tasks and config.agents.roles())
+    llm = LLMStage(config, base_urls or {}, cache_path) if quota or (config.environments and uses_model) else None
+    sources: dict[str, Source] = {}
+    envs: dict[str, ToolEnvironment] = {}
     try:
+        sources = open_sources(config, play=llm.play_tool if llm is not None else None)
+        for d, src in sources.items():
+            envs[d] = src.open(env_seed(config, batch, d))
+        usage: Counter = Counter()
+        propose = llm.propose_value if llm is not None else None
+        samplers = {d: PlanSampler(envs[d], src.graph(), config.sampling, usage,
+                                   propose=propose if src.kind != "builtin" else None) for d, src in sources.items()}
+        simulated = {d for d, src in sources.items() if src.simulated}
+        rows = _Rows()
         llm_jobs = []
         for index in indices:
             # the first accepted tasks short enough for the agents get LLM rollouts, up to the batch's quota
             wanted = len(llm_jobs) < quota and llm is not None
-            task = _task(config, batch, index, envs, samplers, llm if wanted else None, rows)
-            if task is not None and task.accepted and wanted and len(task.reference_plan) <= config.agents.max_calls:
+            task = _task(config, batch, index, envs, samplers, llm if wanted else None, rows, simulated)
+            # a simulated environment answers through the stage's own event loop: not from inside a rollout on it
+            if (task is not None and task.accepted and wanted and len(task.reference_plan) <= config.agents.max_calls
+                    and task.domain not in simulated):
                 llm_jobs.append((task, envs[task.domain]))
         if llm is not None:
             t0 = time.perf_counter()
@@ -96,14 +111,18 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
             rows.verdicts += [a.verdict.to_row() for a in attempts]
             rows.counts["trajectories"] += len(attempts)
             rows.counts["verifications"] += len(attempts)
+        environments = [
+            {"domain": d, "seed": e.seed, "state_hash": e.state_hash(), "row_counts": e.row_counts(),
+             "tools": sorted(e.specs), "schema_version": 1}
+            for d, e in envs.items()
+        ]
     finally:
         if llm is not None:
             llm.close()
-    environments = [
-        {"domain": d, "seed": e.seed, "state_hash": e.state_hash(), "row_counts": e.row_counts(),
-         "tools": sorted(e.specs), "schema_version": 1}
-        for d, e in envs.items()
-    ]
+        for e in envs.values():
+            e.close()
+        for src in sources.values():
+            src.close()
     summary = {
         "batch": batch,
         "tasks": len(rows.tasks),
@@ -115,6 +134,7 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         "timings_s": {k: round(v, 3) for k, v in rows.timings.items()},
         "duration_s": round(time.perf_counter() - start, 3),
         "coverage": rows.coverage.to_dict(),
+        "per_domain": {d: dict(c) for d, c in sorted(rows.per_domain.items())},
     }
     tables = {"tasks": rows.tasks, "trajectories": rows.trajectories, "verdicts": rows.verdicts,
               "environments": environments}
@@ -123,8 +143,9 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
     return BatchResult(tables=tables, summary=summary, coverage=rows.coverage)
 
 
-def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Environment],
-          samplers: dict[str, PlanSampler], writer: LLMStage | None, rows: _Rows) -> Task | None:
+def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, ToolEnvironment],
+          samplers: dict[str, PlanSampler], writer: LLMStage | None, rows: _Rows,
+          simulated: set[str] = frozenset()) -> Task | None:
     """Sample one task, (have its requests rewritten,) roll out its reference and controls, verify them."""
     rng = random.Random(f"{config.seed}/{batch}/{index}")
     t0 = time.perf_counter()
@@ -138,15 +159,19 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Envi
         task, retries = variant.task, variant.tries - (variant.task is not None)
         rows.counts[f"variant_{variant.match or 'failures'}"] += 1
     else:
-        domain = config.domains[index % len(config.domains)]
+        names = domain_names(config)
+        domain = names[index % len(names)]
         env, sampler = envs[domain], samplers[domain]
         task, retries = sample_task(sampler, rng, task_id=task_id_for(config.run_id, batch, index),
                                     run_id=config.run_id, batch=batch, sampler_seed=index,
                                     code_check_share=config.code_check_share)
     rows.counts["sample_retries"] += retries
+    rows.per_domain[domain]["tasks" if task is not None else "sample_failures"] += 1
     if task is None:
         rows.counts["sample_failures"] += 1
         return None
+    if domain in simulated:  # a model played the tools: say so where a user selects tasks
+        task.lineage.generator = f"simulated/{task.lineage.generator}"
     parallel = rng.random() < config.sampling.parallel_share
     t1 = time.perf_counter()
     rows.timings["sample_s"] += t1 - t0
@@ -172,6 +197,9 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Envi
     rows.counts["verifications"] += len(results)
     task.accepted, task.reject_reason = accept(results[0], results[1:])
     rows.counts["accepted" if task.accepted else "rejected"] += 1
+    rows.per_domain[domain]["accepted" if task.accepted else "rejected"] += 1
+    rows.per_domain[domain]["controls_rejected"] += sum(not v.passed for v in results[1:])
+    rows.per_domain[domain]["controls"] += len(results) - 1
     rows.counts["trajectories"] += len(episodes)
     if task.accepted:
         rows.coverage.add(domain, [(s.tool, [task.reference_plan[int(d[1:])].tool for d in s.depends_on])

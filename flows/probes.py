@@ -18,12 +18,13 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from envs import Environment, get_domain
+from envs import ToolEnvironment
 from generators.agents import ScriptedUser, arun_episode
 from generators.config import code_version
 from generators.embedded import GGUF_SHA256
 from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
 from generators.llm_agents import LLMAssistant, LLMUser, NoToolAssistant
+from generators.sources import Environments
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from schemas import TABLES, Message, Task, Trajectory
 from schemas.records import SCHEMA_VERSION
@@ -170,10 +171,8 @@ def run_curate_batch(config: CurateConfig, run_id: str, corpus: Corpus, job: Cur
     """Probe one batch; returns the rows per table and the batch summary."""
     start = time.perf_counter()
     loaded = load_tasks(corpus, job.keys)
-    envs: dict[tuple[str, int], Environment] = {}
-
-    def env_of(task: Task) -> Environment:
-        return envs.setdefault((task.domain, task.env_seed), Environment(get_domain(task.domain), task.env_seed))
+    environments = Environments(corpus)  # the user's own sources too; one environment per (source, seed)
+    env_of = environments.open
 
     probes = _Probes(config, run_id, base_urls, cache_path) if (job.necessity or job.difficulty) else None
     rows: dict[str, list[dict]] = {"necessity": [], "difficulty": [], "trajectories": [], "verdicts": [], "llm_usage": []}
@@ -214,6 +213,7 @@ def run_curate_batch(config: CurateConfig, run_id: str, corpus: Corpus, job: Cur
     finally:
         if probes:
             probes.close()
+        environments.close()  # a plugin worker or an MCP server is a process: not left to a long-lived server
     counts["necessity_probed"] = len(no_tool)
     counts["difficulty_probed"] = len(rollouts)
     summary = {"batch": job.batch, **dict(counts), "duration_s": round(time.perf_counter() - start, 3)}
@@ -295,7 +295,7 @@ class _Probes:
         return {k: v for k, v in self._gather({key: self._no_tool(task, env_of(task))
                                                for key, (task, _) in loaded.items()}).items() if v}
 
-    async def _no_tool(self, task: Task, env: Environment) -> list:
+    async def _no_tool(self, task: Task, env: ToolEnvironment) -> list:
         cfg = self.config.necessity
         out = []
         for j in range(cfg.k):
@@ -316,7 +316,7 @@ class _Probes:
             self.counts["no_tool_passed"] += verdict.outcome_passed
         return out
 
-    def continuation(self, task: Task, env: Environment):
+    def continuation(self, task: Task, env: ToolEnvironment):
         """The target model finishing a cut conversation (for the ablation), with the scripted user."""
         cfg = self.config.necessity
 
@@ -345,7 +345,7 @@ class _Probes:
         return {k: v for k, v in self._gather({key: self._rollouts(task, ref, env_of(task))
                                                for key, (task, ref) in loaded.items()}).items() if v}
 
-    async def _rollouts(self, task: Task, ref: Trajectory, env: Environment) -> list:
+    async def _rollouts(self, task: Task, ref: Trajectory, env: ToolEnvironment) -> list:
         cfg = self.config.difficulty
         out = []
         for j in range(cfg.k):

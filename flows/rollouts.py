@@ -7,17 +7,27 @@ Plain functions and one small class, no Prefect: ``run_batch`` drives it with it
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs import Environment
+from envs import Environment, ToolEnvironment
 from generators.agents import OracleAssistant, ScriptedUser, arun_episode, count_leaks
 from generators.config import SynthesizeConfig
-from generators.llm import BudgetExceeded, Endpoints, RequestCache
-from generators.llm_agents import LLMAssistant, LLMUser, TaskWriter, feedback_hint, plan_hint
-from schemas import Task, Trajectory, Verdict
+from generators.llm import BudgetExceeded, Endpoints, RequestCache, canonical
+from generators.llm_agents import LLMAssistant, LLMUser, TaskWriter, ToolMock, ValueWriter, feedback_hint, plan_hint
+from schemas import Task, Tool, Trajectory, Verdict
 from verifiers.checks import verify
+
+
+def state_sample(env: ToolEnvironment, rows_per_table: int = 3) -> str:
+    """A few rows of each table, so a model proposing a value sees what exists (names, ids, columns)."""
+    lines = []
+    for table, rows in sorted(env.rows().items()):
+        head = list(rows.values())[:rows_per_table]
+        lines.append(f"{table} ({len(rows)} rows): {canonical(head)[:400]}")
+    return "\n".join(lines) or "(empty)"
 
 
 @dataclass
@@ -68,6 +78,45 @@ class LLMStage:
         except BudgetExceeded:
             self.budget_spent = True
         self.counts.update({f"writer_{k}": v for k, v in writer.counts.items()})
+
+    # free-form argument values ---------------------------------------------------------------------------
+    def propose_value(self, tool: str, param: str, arguments: dict[str, Any], env: ToolEnvironment,
+                      variant: int) -> Any:
+        """A value for an argument no state supplies, from the task writer's endpoint (the sampler keeps it only
+        if the call succeeds); None when no model is configured for it or the budget is spent."""
+        role = self.config.agents.task_writer
+        if role.agent != "llm" or self.budget_spent:
+            return None
+        writer = ValueWriter(self.endpoints[role.endpoint], sampling=role.sampling)
+        record = env.specs[tool].record
+        try:
+            value = self.loop.run_until_complete(writer.propose(
+                record, param, arguments, state_sample(env), sample=f"value/{env.domain_cls.name}/{tool}/{param}/"
+                f"{env.state_hash()}/{canonical(arguments)}", attempt=variant))
+        except BudgetExceeded:
+            self.budget_spent = True
+            value = None
+        self.counts.update({f"values_{k}": v for k, v in writer.counts.items()})
+        return value
+
+    # tools with no implementation --------------------------------------------------------------------
+    def play_tool(self, tools: dict[str, Tool], catalog: str, tool: Tool, arguments: dict[str, Any],
+                  writes: list[tuple[str, dict[str, Any], Any]]) -> tuple[Any, str | None]:
+        """A model's answer to a call of a tool that has no implementation (``envs.simulated``), from the task
+        writer's endpoint at temperature 0, cached by (tool, canonical arguments, writes so far)."""
+        role = self.config.agents.task_writer
+        if role.agent != "llm" or self.budget_spent:
+            return None, f"no model is left to play '{tool.name}' (the run's model budget is spent)"
+        mock = ToolMock(self.endpoints[role.endpoint], tools, sample=f"tool-mock/{catalog}", catalog=catalog,
+                        phase="tasks", history=list(writes))
+        call = {"id": "c", "type": "function", "function": {"name": tool.name, "arguments": json.dumps(arguments)}}
+        try:
+            outcome = self.loop.run_until_complete(mock.call(call))
+        except BudgetExceeded:
+            self.budget_spent = True
+            outcome = None, f"no model is left to play '{tool.name}' (the run's model budget is spent)"
+        self.counts.update({f"tool_mock_{k}": v for k, v in mock.counts.items()})
+        return outcome
 
     # rollouts ------------------------------------------------------------------------------------------
     def rollouts(self, jobs: list[tuple[Task, Environment]]) -> list[Attempt]:

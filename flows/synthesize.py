@@ -24,8 +24,9 @@ from flows.pipeline import catalog_rows, run_batch
 from flows.server import hold_run
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
-from generators.graph import Coverage, domain_graph
+from generators.graph import Coverage
 from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable, check_reachable
+from generators.sources import open_sources
 from storage import Corpus
 
 STAGE = "synthesize"
@@ -63,10 +64,11 @@ def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
 def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
     """Run totals from the batch markers, so a resumed run reports the whole run, not just what it redid."""
     batches = corpus.batch_summaries(config.run_id, STAGE)
-    coverage = Coverage(
-        tools_total=sum(len(domain_graph(d).tools) for d in config.domains),
-        edges_total=sum(domain_graph(d).graph.number_of_edges() for d in config.domains),
-    )
+    catalog = corpus.connect()
+    tools_total, edges_total = (
+        catalog.execute(f"SELECT count(*) FROM {t} WHERE run = ?", [config.run_id]).fetchone()[0]
+        if t in corpus.tables() else 0 for t in ("tools", "tool_edges"))
+    coverage = Coverage(tools_total=tools_total, edges_total=edges_total)
     totals: dict[str, Any] = {k: 0 for k in ("tasks", "accepted", "rejected", "trajectories", "verifications",
                                                "sample_failures", "user_leaks")}
     for b in batches:
@@ -78,6 +80,11 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
     for b in batches:
         llm.update(b["summary"].get("llm", {}))
     totals["llm"] = dict(sorted(llm.items()))
+    per_domain: dict[str, Counter] = {}
+    for b in batches:
+        for d, c in b["summary"].get("per_domain", {}).items():
+            per_domain.setdefault(d, Counter()).update(c)
+    totals["per_domain"] = {d: dict(sorted(c.items())) for d, c in sorted(per_domain.items())}
     if config.variants:  # signature match level reached per variant (exact, near), and parents left without one
         totals["variants"] = {k: sum(b["summary"].get("variants", {}).get(k, 0) for b in batches)
                               for k in ("exact", "near", "failures")}
@@ -111,10 +118,22 @@ def _markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
         *(f"| {k} | {summary[k]} |" for k in ("tasks", "accepted", "rejected", "acceptance_rate", "trajectories",
                                                "verifications", "sample_failures", "user_leaks", "batches_done")),
         *(f"| coverage: {k} | {v} |" for k, v in cov.items()),
+        *_per_domain_markdown(summary),
         *_llm_markdown(summary),
         "",
         f"Corpus: `{root}`. Query it: `synthloop query \"SELECT domain, count(*) FROM accepted_tasks GROUP BY 1\"`.",
     ])
+
+
+def _per_domain_markdown(summary: dict[str, Any]) -> list[str]:
+    per = summary.get("per_domain") or {}
+    if not per:
+        return []
+    lines = ["", "| domain / source | tasks | accepted | sample failures | controls rejected |", "|---|---|---|---|---|"]
+    for d, c in per.items():
+        lines.append(f"| {d} | {c.get('tasks', 0)} | {c.get('accepted', 0)} | {c.get('sample_failures', 0)} | "
+                     f"{c.get('controls_rejected', 0)} / {c.get('controls', 0)} |")
+    return lines
 
 
 class _ModelServer:
@@ -213,7 +232,13 @@ def synthesize(
     for problem in corpus.problems(run_id):  # a damaged batch is not done: this run redoes it
         logger.warning("%s: redoing it", problem.line(corpus.root))
     if not corpus.batch_done(run_id, "catalog", 0):
-        corpus.write_batch(run_id, "catalog", 0, catalog_rows(config.domains), {"domains": config.domains})
+        sources = open_sources(config)
+        try:
+            corpus.write_batch(run_id, "catalog", 0, catalog_rows(sources),
+                               {"domains": list(sources), "sources": [s.report() for s in sources.values()]})
+        finally:
+            for src in sources.values():
+                src.close()
     progress_id = create_progress_artifact(0.0, key=f"synthesize-{run_id}".lower(), description="Batches done")
     interactive = sys.stderr.isatty()
     pending = [b for b in range(config.n_batches) if not corpus.batch_done(run_id, STAGE, b)]

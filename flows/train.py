@@ -20,8 +20,9 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from envs import Environment, get_domain
+from envs import ToolEnvironment
 from flows.server import hold_run
+from generators.sources import Environments
 from schemas import SCHEMA_VERSION, Task
 from storage import Corpus
 from storage.locks import RunLock, lock_path
@@ -35,7 +36,7 @@ EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py"
              "generators/agents.py", *(f"envs/{p.name}" for p in (ROOT / "envs").glob("*.py")))
 
 
-def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Environment]]:
+def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, ToolEnvironment]]:
     share, seed = (config.sft.held_out_share, config.sft.seed) if config.sft else (0.1, 0)
     depth = int(config.evaluation.max_depth or 99)
     keys = corpus.connect().execute(
@@ -43,10 +44,11 @@ def held_out_jobs(corpus: Corpus, config: TrainConfig) -> list[tuple[Task, Envir
         f" WHERE t.signature.depth <= {depth} ORDER BY hash(h.task_id)").fetchall()
     wanted = {k for k in keys[:config.evaluation.tasks]}
     tasks = [Task.from_row(r) for r in corpus.read("tasks") if (r["run_id"], r["task_id"]) in wanted]
-    return [(t, Environment(get_domain(t.domain), t.env_seed)) for t in sorted(tasks, key=lambda t: t.task_id)]
+    environments = Environments(corpus)
+    return [(t, environments.open(t)) for t in sorted(tasks, key=lambda t: t.task_id)]
 
 
-def eval_key(config: TrainConfig, digest: str, jobs: list[tuple[Task, Environment]]) -> str:
+def eval_key(config: TrainConfig, digest: str, jobs: list[tuple[Task, ToolEnvironment]]) -> str:
     """Identity of an evaluation: the weights, the held-out tasks, the settings and the code that rolls out and
     judges. An evaluation with the same key in any earlier train run is reused, not recomputed."""
     blob = json.dumps({"weights": digest, "tasks": [t.task_id for t, _ in jobs], "distractors": _distractors(config),

@@ -102,6 +102,35 @@ class VariantSeed(StrictModel):
         return self
 
 
+SourceKind = Literal["catalog", "mcp", "module"]
+
+
+class EnvironmentSource(StrictModel):
+    """A user's own tools as an environment tasks are sampled on (see ``generators.sources``).
+
+    ``catalog``: an OpenAPI description (3.0/3.1, JSON or YAML, multi-file) becomes a stateful REST environment;
+    ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
+    state; ``module``: ``package.module:Class`` or an entry-point name (group ``synthloop.environments``) of a
+    ``Domain`` written like the built-in ones. Plugins and MCP servers run inside the sandbox boundary.
+    """
+
+    kind: SourceKind = Field(description="What ref is: a catalog file, an MCP server command, or a Python domain.")
+    ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, or "
+                     "package.module:Class / an entry-point name.")
+    name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
+                             description="Domain name the tasks carry (default: derived from ref).")
+    state: str | None = Field(None, description="mcp: a folder copied as each server's initial working copy.")
+    path: str | None = Field(None, description="module: a folder to find the package in before the Python path "
+                             "(it is read, never imported here: the domain runs in a sandboxed worker).")
+    env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
+                                "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
+    values: dict[str, list[str | int | float | bool]] = Field(
+        default_factory=dict, description="mcp: argument values for parameters no state supplies (a SQL query, a "
+        "time zone), by parameter name or tool.param; with a model configured, it proposes such values too.")
+    overlay: str | None = Field(None, description="catalog: a YAML/JSON file saying what non-CRUD operations do "
+                                "(or that an inferred one is wrong).")
+
+
 class RoleConfig(StrictModel):
     """Who plays one role, on which endpoint, with which sampling parameters."""
 
@@ -159,9 +188,13 @@ class SynthesizeConfig(StrictModel):
                               f"run id. {RUN_NAME_HELP}")
     seed: int = Field(0, description="Master seed; the same config always produces the same corpus.")
     domains: list[str] = Field(
-        default_factory=lambda: ["retail", "calendar", "banking", "files"], min_length=1,
+        default_factory=lambda: ["retail", "calendar", "banking", "files"],
         description="Built-in environment domains to sample tasks from.",
     )
+    environments: list[EnvironmentSource] = Field(
+        default_factory=list,
+        description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains), sampled from beside "
+        "the built-in domains; tasks are spread over every domain and source in turn.")
     n_tasks: int = Field(1400, ge=1, description="Tasks to sample; those whose verifier fails its controls are kept but not accepted.")
     batch_size: int = Field(200, ge=1, le=2000, description="Tasks per batch: one Prefect task run, one Parquet shard per table.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -186,6 +219,13 @@ class SynthesizeConfig(StrictModel):
         if len(set(domains)) != len(domains):
             raise ValueError(f"domains listed twice in {domains}")
         return domains
+
+    @model_validator(mode="after")
+    def _some_environment(self) -> SynthesizeConfig:
+        if not self.domains and not self.environments:
+            raise ValueError("no environment to sample from: list built-in domains, environments (a catalog, an "
+                             "MCP server, a Python domain), or both")
+        return self
 
     @model_validator(mode="after")
     def _variant_tasks(self) -> SynthesizeConfig:
@@ -213,8 +253,17 @@ class SynthesizeConfig(StrictModel):
 
     def fingerprint(self) -> str:
         """Hash of everything that changes the output, the code included; a re-run with the same fingerprint
-        resumes, and one after a code change starts a new run instead of mixing old and new batches."""
-        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code_version()}, sort_keys=True)
+        resumes, and one after a code change starts a new run instead of mixing old and new batches.
+
+        A user's source counts by content (the catalog's files, the plugin's source, the MCP state folder), so
+        editing a spec makes a new run even though its path is the same."""
+        sources = {}
+        if self.environments:
+            from generators.sources import content_hash
+
+            sources = {f"{s.kind}:{s.ref}": content_hash(s) for s in self.environments}
+        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code_version(),
+                           **({"sources": sources} if sources else {})}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property

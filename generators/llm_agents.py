@@ -497,6 +497,53 @@ class TaskWriter:
         self.counts[key] = self.counts.get(key, 0) + 1
 
 
+# --- free-form argument values ---------------------------------------------------------------------------
+
+
+VALUE_SCHEMA = {"type": "object", "properties": {"value": {}}, "required": ["value"]}
+
+
+@dataclass
+class ValueWriter:
+    """Proposes an argument value that no state supplies (free text, a SQL query, a search string).
+
+    The task generator executes first: a proposed value is kept only if the call it completes succeeds on the
+    environment, so a model's bad guess costs a retry, never a wrong task. A value that does not fit the
+    parameter's schema is not offered at all.
+    """
+
+    client: LLMClient
+    sampling: Sampling = field(default_factory=lambda: Sampling(temperature=0.8, max_tokens=160))
+    phase: str = "tasks"
+    counts: dict[str, int] = field(default_factory=dict)
+
+    async def propose(self, tool: Tool, param: str, arguments: dict[str, Any], context: str, *, sample: str,
+                      attempt: int) -> Any:
+        schema = (tool.parameters.get("properties") or {}).get(param, {})
+        prompt = render("value_writer", name=tool.name, description=_clip(tool.description, 400), param=param,
+                        schema=canonical(schema), arguments=canonical(arguments) if arguments else "(none)",
+                        context=_clip(context, 1500))
+        done = await self.client.chat([{"role": "user", "content": prompt}], phase=self.phase, role="value_writer",
+                                      sample=sample, attempt=attempt, sampling=self.sampling, schema=VALUE_SCHEMA)
+        data = parse_json_object(done.content) or {}
+        value = data.get("value")
+        if value is None or (isinstance(value, str) and not value.strip()):
+            self._count("empty")
+            return None
+        if list(argument_validator(schema).iter_errors(value)):
+            self._count("invalid")
+            return None
+        self._count("proposed")
+        return value
+
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + " …"
+
+
 # --- tool mock ------------------------------------------------------------------------------------------
 
 
@@ -524,6 +571,10 @@ class ToolMock:
         writes = [(n, a, r) for n, a, r in self.history if self.tools[n].mutates is not False]
         return hashlib.sha256(canonical(writes).encode()).hexdigest()[:16]
 
+    def cache_key(self, name: str, args: dict[str, Any]) -> str:
+        """Where the answer to this call in this state is kept: (catalog, tool, canonical arguments, state)."""
+        return hashlib.sha256(f"tool-mock/{self.catalog}/{name}/{canonical(args)}/{self.state_hash()}".encode()).hexdigest()
+
     async def call(self, call: dict[str, Any]) -> tuple[Any, str | None]:
         fn = call.get("function") or {}
         name, args = fn.get("name"), _loads(fn.get("arguments") or "{}")
@@ -535,16 +586,16 @@ class ToolMock:
         error = jsonschema.exceptions.best_match(argument_validator(tool.parameters).iter_errors(args))
         if error is not None:
             return None, f"Invalid arguments for '{name}': {error.message}"
-        key = f"tool-mock/{self.catalog}/{name}/{canonical(args)}/{self.state_hash()}"
+        key = self.cache_key(name, args)
         cache = self.client.cache
-        stored = cache.get(hashlib.sha256(key.encode()).hexdigest()) if cache is not None else None
+        stored = cache.get(key) if cache is not None else None
         if stored is not None:
             self._count("cache_hits")
             result = stored["result"]
         else:
             result = await self._ask(tool, args)
             if cache is not None:
-                cache.put(hashlib.sha256(key.encode()).hexdigest(), {"result": result})
+                cache.put(key, {"result": result})
         self.history.append((name, args, result))
         if isinstance(result, dict) and set(result) == {"error"}:
             return None, str(result["error"])
@@ -577,6 +628,24 @@ class ToolMock:
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0) + 1
+
+
+def replayed_tool(cache: Any, tools: dict[str, Tool], catalog: str, tool: Tool, arguments: dict[str, Any],
+                  writes: list[tuple[str, dict[str, Any], Any]]) -> tuple[Any, str | None]:
+    """A simulated tool's answer as recorded when the corpus was made, from the request cache alone (no model).
+
+    Audit and curation reopen a simulated environment this way: the reference replays to the same answers, and
+    a call that was never made (a mutant's other argument) is an error, never a new invention.
+    """
+    mock = ToolMock(SimpleNamespace(cache=cache), tools, sample=f"tool-mock/{catalog}", catalog=catalog,
+                    history=list(writes))
+    stored = cache.get(mock.cache_key(tool.name, arguments))
+    if stored is None:
+        return None, f"'{tool.name}' was never answered with these arguments in this state (a simulated tool)"
+    result = stored["result"]
+    if isinstance(result, dict) and set(result) == {"error"}:
+        return None, str(result["error"])
+    return result, None
 
 
 class MockEnvironment:

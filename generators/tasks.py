@@ -13,18 +13,21 @@ import hashlib
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import networkx as nx
 
-from envs import Environment, ToolSpec
+from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
 
 MAX_TRIES = 6
+ValueProposer = Callable[[str, str, dict[str, Any], "ToolEnvironment", int], Any]
+"""``(tool, param, arguments so far, environment, variant) -> value or None`` for free-form arguments."""
 SHARED_ENTITIES = frozenset({"room", "product", "payee"})
 SAMPLE_ATTEMPTS = 16
 
@@ -67,15 +70,22 @@ class PlanSampler:
         usage: Tool usage counts shared across samples; tools used less are favoured (diversity).
     """
 
-    def __init__(self, env: Environment, graph: ToolGraph, config: SamplingConfig, usage: Counter | None = None):
+    def __init__(self, env: ToolEnvironment, graph: ToolGraph, config: SamplingConfig, usage: Counter | None = None,
+                 propose: ValueProposer | None = None):
         self.base = env
         self.graph = graph
         self.config = config
         self.usage = usage if usage is not None else Counter()
         self.specs: dict[str, ToolSpec] = env.specs
+        self.propose = propose
+
+    @cached_property
+    def reachable_depth(self) -> int:
+        return self.graph.longest_chain()
 
     # argument binding -----------------------------------------------------------------------------------
-    def _literal(self, work: Environment, tool: str, param: str, schema: dict[str, Any], rng: random.Random) -> Any:
+    def _literal(self, work: ToolEnvironment, tool: str, param: str, schema: dict[str, Any], rng: random.Random,
+                 partial: dict[str, Any] | None = None) -> Any:
         candidates = work.candidates(param, tool)
         if candidates:
             return rng.choice(candidates)
@@ -89,6 +99,9 @@ class PlanSampler:
             return float(rng.randint(2, 20) * 5)
         if t == "boolean":
             return rng.random() < 0.5
+        if self.propose is not None and t in ("string", None):
+            # free text no state supplies (a query, a message): a model proposes it, execute-first keeps it
+            return self.propose(tool, param, dict(partial or {}), work, rng.randrange(3))
         return None  # free text with no source in the state: not bindable
 
     def _bind(
@@ -108,7 +121,7 @@ class PlanSampler:
             # an optional argument the request could not state would make the goal underdetermined
             if not required and (param not in phrased or rng.random() >= self.config.optional_arg_share):
                 continue
-            value = row[param] if param in row else self._literal(work, tool, param, pschema, rng)
+            value = row[param] if param in row else self._literal(work, tool, param, pschema, rng, values)
             if value is None:
                 if required:
                     return None
@@ -136,8 +149,8 @@ class PlanSampler:
                         if not isinstance(node, list) or not node:
                             return None
                         key = rng.randrange(len(node))
-                    if not isinstance(node, (dict, list)):
-                        return None
+                    if not isinstance(node, (dict, list)) or (isinstance(node, dict) and key not in node):
+                        return None  # an optional field this result left out: nothing to bind
                     concrete.append(key)
                     node = node[key]
                 fixed[param] = ({"$ref": parent.id, "path": concrete}, node)
@@ -193,7 +206,8 @@ class PlanSampler:
         """Grow one executed plan of ``depth`` (default: drawn from the config); returns the working environment
         (in the final state), the steps and the initial state rows, or None if the shape could not be realised."""
         cfg = self.config
-        depth = depth or rng.randint(cfg.depth_min, cfg.depth_max)
+        # a depth the graph cannot reach would only fail; a user's catalog may have short chains only
+        depth = depth or min(rng.randint(cfg.depth_min, cfg.depth_max), max(cfg.depth_min, self.reachable_depth))
         work = self.base.fork()
         initial = work.rows()
         steps: list[_Step] = []
@@ -240,7 +254,9 @@ class PlanSampler:
             for s in steps:
                 if s is not skipped:
                     trial.execute(s.tool, s.values)
-            if trial.state_hash() == final_hash:
+            same = trial.state_hash() == final_hash
+            trial.close()  # a process-backed environment (an MCP server) is a process per fork
+            if same:
                 return False
         return True
 
@@ -295,11 +311,29 @@ def _render(template: str, rendered: dict[str, tuple[str, str]]) -> str:
     return re.sub(r"\s+(?:\w+\s+)?['\"]?\{\w+\}['\"]?", "", text)
 
 
-def _answer(spec: ToolSpec, result: Any) -> Any:
-    if spec.answer == "#":
+# what a user would ask about a result of a tool known only by its description (``ToolSpec.answer == "auto"``)
+AUTO_ANSWER_FIELDS = ("status", "state", "count", "total", "balance", "name", "title", "friendly_name", "id", "sid")
+
+
+def answer_field(spec: ToolSpec, result: Any) -> str | None:
+    """The result field a sink's answer is: the spec's, or for ``"auto"`` the first telling scalar the result has."""
+    if spec.answer != "auto":
+        return spec.answer
+    if isinstance(result, list):
+        return "#"
+    if not isinstance(result, dict):
+        return None
+    scalars = [k for k, v in result.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
+               and v != ""]
+    lowered = {k.lower(): k for k in scalars}
+    return next((lowered[f] for f in AUTO_ANSWER_FIELDS if f in lowered), scalars[0] if scalars else None)
+
+
+def _answer(field: str | None, result: Any) -> Any:
+    if field == "#":
         return len(result) if isinstance(result, list) else None
-    if spec.answer and isinstance(result, dict):
-        return result.get(spec.answer)
+    if field and isinstance(result, dict):
+        return result.get(field)
     return None
 
 
@@ -352,10 +386,11 @@ def build_task(
     for s in steps:
         if s.id in children:
             continue
-        value = _answer(specs[s.tool], s.result)
+        field = answer_field(specs[s.tool], s.result)
+        value = _answer(field, s.result)
         if value is not None and not isinstance(value, (dict, list)):
             answers.append(value)
-            sources.append({"step": s.id, "field": specs[s.tool].answer})
+            sources.append({"step": s.id, "field": field})
     if not answers:
         return None
     lines: list[list[str]] = [[] for _ in range(n_requests)]
@@ -497,7 +532,8 @@ def sample_task(
 
 
 def sample_tasks(
-    env: Environment, n: int, *, seed: int = 0, config: SamplingConfig | None = None, run_id: str = "adhoc"
+    env: ToolEnvironment, n: int, *, seed: int = 0, config: SamplingConfig | None = None, run_id: str = "adhoc",
+    graph: ToolGraph | None = None, propose: ValueProposer | None = None,
 ) -> Iterator[tuple[Task, random.Random]]:
     """Up to ``n`` tasks on one environment, each with the rng that made it (for controls drawn after it).
 
@@ -506,7 +542,11 @@ def sample_tasks(
         for task, _ in sample_tasks(Environment(get_domain("retail"), 0), 5):
             print(task.goal)
     """
-    sampler = PlanSampler(env, domain_graph(env.domain_cls.name), config or SamplingConfig())
+    if graph is None:
+        name = env.domain_cls.name
+        graph = (domain_graph(name) if name in DOMAINS else
+                 ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys()))
+    sampler = PlanSampler(env, graph, config or SamplingConfig(), propose=propose)
     for i in range(n):
         rng = random.Random(f"{seed}/{i}")
         task, _ = sample_task(sampler, rng, task_id=f"{env.domain_cls.name}-{i}", run_id=run_id, batch=0,

@@ -46,7 +46,21 @@ def _content(body: dict, echo: bool = False) -> str:
         prompt = body["messages"][-1]["content"]
         match = re.search(r"^Request: (.*)$", prompt, re.MULTILINE)
         return json.dumps({"request": match.group(1) if match else "Please help."})
+    if "anyOf" in schema:  # the tool mock (result or error): the smallest result its returns schema allows
+        return json.dumps(_smallest(schema["anyOf"][0]))
     return json.dumps({})
+
+
+def _smallest(schema: dict) -> object:
+    """The smallest value of a schema's type: required properties filled, the first enum value, 1, "ok"."""
+    if "enum" in schema:
+        return schema["enum"][0]
+    kind = schema.get("type", "object")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: _smallest(props.get(k, {})) for k in schema.get("required", list(props))}
+    return {"array": [], "string": "ok", "integer": 1, "number": 1.5, "boolean": True}.get(kind)
 
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")

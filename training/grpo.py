@@ -39,8 +39,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from envs import Environment, get_domain
+from envs import ToolEnvironment
 from generators.agents import ScriptedUser, arun_episode
+from generators.sources import Environments
 from generators.strict import StrictModel
 from schemas import Message, Task, Trajectory, Verdict
 from storage import Corpus
@@ -329,7 +330,7 @@ def as_sampled(messages: list[Message], raw: list[str]) -> list[Message]:
     return out
 
 
-def rollout_groups(engine: Any, tokenizer: Any, jobs: list[tuple[Task, Environment]], settings: GRPOSettings,
+def rollout_groups(engine: Any, tokenizer: Any, jobs: list[tuple[Task, ToolEnvironment]], settings: GRPOSettings,
                    seed: int, label: str = "grpo") -> list[list[Rollout]]:
     """``group_size`` episodes per task, all advancing in lockstep; each judged and scored."""
     g = settings.group_size
@@ -376,7 +377,7 @@ def _turn_text(message: Message) -> str:
 
 # --- the trainer -----------------------------------------------------------------------------------------------------
 
-def task_pool(corpus: Corpus, settings: GRPOSettings) -> tuple[list[tuple[Task, Environment]], str]:
+def task_pool(corpus: Corpus, settings: GRPOSettings) -> tuple[list[tuple[Task, ToolEnvironment]], str]:
     """Tasks of the split (or the fallback), held-out tasks excluded, shallow enough, in a seeded order."""
     con = corpus.connect()
     held = set(con.execute(held_out_sql(settings.held_out_share, settings.seed)).fetchall())
@@ -402,8 +403,8 @@ def task_pool(corpus: Corpus, settings: GRPOSettings) -> tuple[list[tuple[Task, 
     # the newest generation first (a loop round's variants of its parents), seeded order within a generation
     tasks = sorted((Task.from_row(r) for r in corpus.read("tasks") if (r["run_id"], r["task_id"]) in wanted),
                    key=lambda t: (-t.lineage.round, wanted[(t.run_id, t.task_id)]))
-    envs: dict = {}
-    jobs = [(t, envs.setdefault((t.domain, t.env_seed), Environment(get_domain(t.domain), t.env_seed))) for t in tasks]
+    environments = Environments(corpus)
+    jobs = [(t, environments.open(t)) for t in tasks]
     return jobs, used
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from envs import Environment, get_domain
+from generators.sources import Environments
 from generators.strict import StrictModel
 from schemas import Task
 from storage import Corpus
@@ -56,7 +56,7 @@ def training_rows(corpus: Corpus, settings: SFTSettings) -> list[dict[str, Any]]
     held = set(con.execute(held_out_sql(settings.held_out_share, settings.seed)).fetchall())
     rows = con.execute(f"SELECT run_id, task_id, messages FROM split_{settings.split} ORDER BY hash(task_id)").fetchall()
     tasks = {(t["run_id"], t["task_id"]): Task.from_row(t) for t in corpus.read("tasks")}
-    envs: dict = {}
+    environments = Environments(corpus)
     out = []
     for run_id, task_id, messages in rows:
         if (run_id, task_id) in held:
@@ -64,7 +64,7 @@ def training_rows(corpus: Corpus, settings: SFTSettings) -> list[dict[str, Any]]
         task = tasks[(run_id, task_id)]
         if settings.max_depth and task.signature.depth > settings.max_depth:
             continue
-        env = envs.setdefault((task.domain, task.env_seed), Environment(get_domain(task.domain), task.env_seed))
+        env = environments.open(task)
         while messages and messages[-1]["role"] == "user":  # end on the assistant's last turn
             messages = messages[:-1]
         plain = [{"role": m["role"], "content": m.get("content") or "",

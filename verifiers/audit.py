@@ -18,10 +18,11 @@ import copy
 import json
 import random
 import time
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
-from envs import Environment, get_domain
+from envs import Environment, ToolEnvironment, get_domain
 from schemas import Task, Trajectory
 from storage import Corpus
 from verifiers.checks import NUMBER, verify
@@ -100,8 +101,14 @@ def mutate(kind: str, traj: Trajectory, env: Environment, rng: random.Random, ex
     return None
 
 
-def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed: int = 0) -> dict[str, Any]:
-    """Re-verify ``sample`` accepted tasks of the corpus and mutation-test their verifiers."""
+def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed: int = 0,
+          environment: Callable[[Task], ToolEnvironment] | None = None) -> dict[str, Any]:
+    """Re-verify ``sample`` accepted tasks of the corpus and mutation-test their verifiers.
+
+    Args:
+        environment: Opens a stored task's environment in its initial state (``generators.sources.Environments``
+            for runs on the user's own tools); default: the built-in domains.
+    """
     start = time.perf_counter()
     con = corpus.connect()
     where = "AND run_id = ?" if run_id else ""
@@ -118,20 +125,27 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
     rng = random.Random(seed)
     recheck: Counter = Counter()
     mutants: dict[str, Counter] = {k: Counter() for k in MUTATIONS}
-    envs: dict[tuple[str, int], Environment] = {}
+    per_domain: dict[str, Counter] = defaultdict(Counter)
+    envs: dict[tuple[str, int], ToolEnvironment] = {}
     for task_id in ids:
         task = tasks[task_id]
         key = (task.domain, task.env_seed)
-        env = envs.setdefault(key, Environment(get_domain(task.domain), task.env_seed))
+        if environment is not None:
+            env = environment(task)
+        elif key not in envs:
+            env = envs[key] = Environment(get_domain(task.domain), task.env_seed)
+        else:
+            env = envs[key]
         reference = None
         for traj in trajectories[task_id]:
             is_ref = traj.role == "reference"
             verdict = verify(task, traj, env, expected_pass=is_ref)
             if verdict.error and "environment drift" in verdict.error:
                 recheck["environment_drift"] += 1
-            recheck["reference_passed" if is_ref and verdict.passed else
-                    "reference_failed" if is_ref else
-                    "control_rejected" if not verdict.passed else "control_accepted"] += 1
+            outcome = ("reference_passed" if is_ref and verdict.passed else "reference_failed" if is_ref else
+                       "control_rejected" if not verdict.passed else "control_accepted")
+            recheck[outcome] += 1
+            per_domain[task.domain][outcome] += 1
             reference = traj if is_ref else reference
         ref_outcome = _outcome(task, reference, env)
         for kind in MUTATIONS:
@@ -143,7 +157,9 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
                                    "trajectory_id": f"{reference.trajectory_id}-{kind}"})
             effective = _outcome(task, mutant, env) != ref_outcome
             rejected = not verify(task, mutant, env, expected_pass=False).passed
-            mutants[kind][("effective" if effective else "equivalent") + ("_rejected" if rejected else "_accepted")] += 1
+            label = ("effective" if effective else "equivalent") + ("_rejected" if rejected else "_accepted")
+            mutants[kind][label] += 1
+            per_domain[task.domain][f"mutants_{label}"] += 1
     total_eff = sum(c["effective_rejected"] + c["effective_accepted"] for c in mutants.values())
     rejected_eff = sum(c["effective_rejected"] for c in mutants.values())
     return {
@@ -156,6 +172,8 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
         # (a requested call skipped, an argument not grounded in the conversation)
         "equivalent_mutants": sum(c["equivalent_rejected"] + c["equivalent_accepted"] for c in mutants.values()),
         "mutants_accepted": sum(c["effective_accepted"] + c["equivalent_accepted"] for c in mutants.values()),
+        "per_domain": {d: {"tasks": sum(v for k, v in c.items() if k.startswith("reference_")), **dict(sorted(c.items()))}
+                       for d, c in sorted(per_domain.items())},
         "seconds": round(time.perf_counter() - start, 2),
     }
 

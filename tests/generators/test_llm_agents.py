@@ -17,6 +17,7 @@ from generators.llm_agents import (
     MockEnvironment,
     TaskWriter,
     ToolMock,
+    ValueWriter,
     check_request,
     plan_hint,
     render_for_model,
@@ -192,6 +193,21 @@ def test_writer_keeps_the_template_when_every_rewrite_fails_its_check(server, re
     writer = TaskWriter(client(server))
     assert run(writer.rewrite(task, ["get_customer"])) == template
     assert writer.counts["kept_template"] == len(template)
+
+
+# --- free-form values -------------------------------------------------------------------------------------
+
+
+def test_value_writer_returns_a_value_that_fits_the_parameter_and_nothing_else(server):
+    tool = Tool(name="read_query", description="Run a SELECT query.", domain="db",
+                parameters={"type": "object", "properties": {"query": {"type": "string", "minLength": 8}},
+                            "required": ["query"]})
+    answers(server, json.dumps({"value": "SELECT name FROM customers"}), json.dumps({"value": 42}),
+            json.dumps({"value": "short"}), "not json at all")
+    writer = ValueWriter(client(server))
+    got = [run(writer.propose(tool, "query", {}, "customers (3 rows)", sample="v", attempt=i)) for i in range(4)]
+    assert got == ["SELECT name FROM customers", None, None, None]
+    assert writer.counts == {"proposed": 1, "invalid": 2, "empty": 1}
 
 
 # --- tool mock --------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import pytest
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from generators.llm import Usage
+from generators.sources import open_sources
 from schemas import SCHEMA_VERSION, TABLES, Task
 from tests.helpers import SCRIPTED
 
@@ -125,7 +126,7 @@ def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
     """Real rows of every table: one small synthesis batch plus the catalog of all built-in domains."""
     result = run_batch(SynthesizeConfig(n_tasks=8, batch_size=8, agents=SCRIPTED), 0)
     tables = dict(result.tables)
-    tables.update(catalog_rows(["retail", "calendar", "banking", "files"]))
+    tables.update(catalog_rows(open_sources(SynthesizeConfig())))
     usage = Usage()  # what the call layer records; no model needed to produce the rows
     usage.add("rollout", "assistant", "m", requests=2, retries=1, prompt_tokens=900, completion_tokens=40,
               cost_usd=0.00012, latency_s=3.5)

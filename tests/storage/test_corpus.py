@@ -23,6 +23,7 @@ import pytest
 
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
+from generators.sources import open_sources
 from schemas import TABLES
 from storage import Corpus, export_trl
 from tests.helpers import SCRIPTED
@@ -41,7 +42,7 @@ def batch() -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def catalog() -> dict[str, list[dict[str, Any]]]:
-    return catalog_rows(CONFIG.domains)
+    return catalog_rows(open_sources(CONFIG))
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import pytest
 
 from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
+from generators.sources import open_sources
 from storage import Corpus, export_trl
 from tests.helpers import SCRIPTED
 
@@ -49,7 +50,7 @@ def batches() -> list[tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]]:
 def written(tmp_path_factory, batches) -> Path:
     """A corpus as the synthesize flow writes it: catalog, two batches, a complete manifest."""
     c = Corpus(tmp_path_factory.mktemp("written") / "corpus")
-    c.write_batch(RUN, "catalog", 0, catalog_rows(CONFIG.domains), {"domains": CONFIG.domains})
+    c.write_batch(RUN, "catalog", 0, catalog_rows(open_sources(CONFIG)), {"domains": CONFIG.domains})
     for b, (tables, summary) in enumerate(batches):
         c.write_batch(RUN, STAGE, b, tables, summary)
     c.write_manifest(RUN, {"run_id": RUN, "stage": STAGE, "status": "complete",

@@ -1,0 +1,426 @@
+"""Where environments come from: the built-in domains and the user's own tools, behind one interface.
+
+A :class:`Source` is opened once per run (per worker process) and makes environments by seed; every stage
+after it (sampler, task builder, controls, verifiers, agents, curation, training) sees only the
+``envs.ToolEnvironment`` surface. The sources:
+
+- a built-in domain (``retail`` …): in-process, trusted code of this repository;
+- ``catalog``: an OpenAPI description becomes a stateful REST domain (``envs.openapi``), generated from data,
+  so it runs in-process too;
+- ``module``: a user's ``Domain`` class (``package.module:Class`` or an entry point) runs in a worker inside the
+  sandbox boundary (``envs.plugin``);
+- ``mcp``: an MCP server over stdio, one sandboxed process per environment instance (``envs.mcp``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+from functools import cached_property, partial
+from pathlib import Path
+from typing import Any
+
+from envs import (
+    DOMAINS,
+    Domain,
+    Environment,
+    OpenAPIDomainError,
+    OpenAPIReport,
+    ToolEnvironment,
+    ToolSpec,
+    domain_from_tools,
+    get_domain,
+)
+from envs.simulated import SimulatedEnvironment
+from generators.catalog import CatalogError, CatalogImport, import_catalog
+from generators.config import EnvironmentSource, SynthesizeConfig
+from generators.graph import ToolGraph, domain_graph
+from generators.llm import RequestCache
+from generators.llm_agents import replayed_tool
+
+
+class SourceError(RuntimeError):
+    """A user's source cannot be opened; the message names the source and what to fix."""
+
+
+class Source:
+    """One environment source of a run.
+
+    Attributes:
+        name: The domain name tasks carry.
+        kind: ``builtin``, ``catalog``, ``mcp`` or ``module``.
+        ref: What the user gave (a domain name, a path, a command, ``module:Class``).
+    """
+
+    name: str
+    kind: str
+    ref: str
+    simulated: bool = False  # tools played by a model: tasks are labelled, verification proves less
+
+    def open(self, seed: int) -> ToolEnvironment:
+        raise NotImplementedError
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        raise NotImplementedError
+
+    def graph(self) -> ToolGraph:
+        raise NotImplementedError
+
+    def report(self) -> dict[str, Any]:
+        """What the source contributed: tools, and for imports what was skipped and why."""
+        return {"name": self.name, "kind": self.kind, "ref": self.ref, "tools": len(self.specs)}
+
+    def close(self) -> None:
+        """Stop what the source started (a plugin worker); environments it opened are closed by their users."""
+
+    def row(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "ref": self.ref}
+
+
+class BuiltinSource(Source):
+    kind = "builtin"
+
+    def __init__(self, name: str):
+        self.name = self.ref = name
+        self.domain = get_domain(name)
+
+    def open(self, seed: int) -> Environment:
+        return Environment(self.domain, seed)
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return self.domain.tools()
+
+    def graph(self) -> ToolGraph:
+        return domain_graph(self.name)
+
+
+class _GraphFromEnvironment(Source):
+    """A source whose graph is built from its tools and an environment's foreign keys (seed 0)."""
+
+    @cached_property
+    def _graph(self) -> ToolGraph:
+        env = self.open(0)
+        try:
+            return ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
+        finally:
+            env.close()
+
+    def graph(self) -> ToolGraph:
+        return self._graph
+
+
+class CatalogSource(_GraphFromEnvironment):
+    """An OpenAPI description as a stateful REST domain (operations that are not CRUD are reported, not run)."""
+
+    kind = "catalog"
+    simulated = False
+
+    def __init__(self, source: EnvironmentSource, imported: CatalogImport | None = None):
+        self.ref = source.ref
+        self.name = source_name(source)
+        try:
+            self.domain = openapi_domain(source.ref, name=self.name, overlay=source.overlay, imported=imported)
+        except (CatalogError, OpenAPIDomainError, OSError) as exc:
+            raise SourceError(f"catalog {source.ref}: {exc}") from None
+        self.inferred: OpenAPIReport = self.domain.report
+
+    def open(self, seed: int) -> Environment:
+        return Environment(self.domain, seed)
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return self.domain.tools()
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), **self.inferred.summary()}
+
+
+def openapi_domain(path: str | os.PathLike, *, name: str | None = None,
+                   overlay: str | os.PathLike | dict | None = None,
+                   imported: CatalogImport | None = None) -> type[Domain]:
+    """Import an OpenAPI description and generate its executable REST domain (``envs.openapi``).
+
+    The class's ``report`` (an ``envs.OpenAPIReport``) says which operations are executable and as what, which
+    are ``not_crud`` and why, and what the importer skipped; ``Environment(domain, seed)`` runs it.
+
+    Raises:
+        generators.catalog.CatalogError: the file cannot be imported, or it is not an OpenAPI description.
+        envs.OpenAPIDomainError: no operation is CRUD on a resource, or the overlay names what does not exist.
+    """
+    imported = imported or import_catalog(path)
+    if imported.format != "openapi":
+        raise CatalogError(
+            f"{path}: this {imported.format} catalog has schemas but no implementation; only OpenAPI descriptions "
+            "become executable environments (give such tools an MCP server or a Python domain)")
+    return domain_from_tools(imported.tools, name=name or source_name(EnvironmentSource(kind="catalog", ref=str(path))),
+                             overlay=overlay, source=str(path), content_hash=imported.content_hash,
+                             skipped=list(imported.skipped))
+
+
+class SimulatedSource(Source):
+    """A catalog of schemas with no implementation (OpenAI tools, JSON-schema / BFCL functions, an MCP listing):
+    a model plays the tools (``envs.simulated``), and tasks on it are labelled ``simulated/…``."""
+
+    kind = "catalog"
+    simulated = True
+
+    def __init__(self, source: EnvironmentSource, imported: CatalogImport, play: Callable | None):
+        self.ref = source.ref
+        self.name = source_name(source)
+        self.tools = [replace(t, domain=self.name) for t in imported.tools]
+        if not self.tools:
+            raise SourceError(f"catalog {source.ref}: no tool imported ({len(imported.skipped)} skipped)")
+        self.imported = imported
+        self.play = play
+
+    def open(self, seed: int) -> SimulatedEnvironment:
+        if self.play is None:
+            raise SourceError(
+                f"catalog {self.ref}: its tools have no implementation and this run has no model to play them; "
+                "give the run a model (agents.llm_tasks > 0: the embedded model by default, or --base-url), or "
+                "the tools an implementation (an OpenAPI description, an MCP server, a Python domain)")
+        tools = {t.name: t for t in self.tools}
+        return SimulatedEnvironment(self.name, self.tools, partial(self.play, tools, self.name), seed)
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return {t.name: ToolSpec.described(t) for t in self.tools}
+
+    @cached_property
+    def _graph(self) -> ToolGraph:
+        return ToolGraph.build(self.tools)
+
+    def graph(self) -> ToolGraph:
+        return self._graph
+
+    def report(self) -> dict[str, Any]:
+        return {**super().report(), "simulated": True, "format": self.imported.format,
+                "operations_skipped": len(self.imported.skipped)}
+
+
+class PluginSource(_GraphFromEnvironment):
+    """A user's ``Domain`` class, run in a sandboxed worker."""
+
+    kind = "module"
+
+    def __init__(self, source: EnvironmentSource):
+        from envs.registry import resolve_domain
+
+        self.ref = source.ref
+        self.name = source_name(source)
+        try:
+            self.plugin = resolve_domain(source.ref, search_path=search_path(source), name=self.name)
+        except Exception as exc:  # the plugin is untrusted: any failure to start it is its failure, reported
+            raise SourceError(f"module {source.ref}: {exc}") from None
+
+    def open(self, seed: int) -> ToolEnvironment:
+        return self.plugin.open(seed)
+
+    @property
+    def specs(self) -> dict[str, ToolSpec]:
+        return self.plugin.tools()
+
+    def close(self) -> None:
+        self.plugin.close()
+
+
+class MCPSource(_GraphFromEnvironment):
+    """An MCP server over stdio: one sandboxed process per environment, each on its own copy of the state."""
+
+    kind = "mcp"
+
+    def __init__(self, source: EnvironmentSource):
+        from envs.mcp import mcp_source
+
+        self.ref = source.ref
+        self.name = source_name(source)
+        try:
+            self.server = mcp_source(source.ref, state=source.state, name=self.name, env=source.env or None,
+                                     values=source.values or None)
+        except Exception as exc:
+            raise SourceError(f"mcp {source.ref!r}: {exc}") from None
+
+    def open(self, seed: int) -> ToolEnvironment:
+        return self.server.open(seed)
+
+    @cached_property
+    def specs(self) -> dict[str, ToolSpec]:
+        env = self.open(0)
+        try:
+            return env.specs
+        finally:
+            env.close()
+
+    def close(self) -> None:
+        close = getattr(self.server, "close", None)
+        if close is not None:
+            close()
+
+
+_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": PluginSource, "mcp": MCPSource}
+
+
+def source_name(source: EnvironmentSource) -> str:
+    """The default domain name of a source: the catalog's file stem, the server's program, the class name."""
+    if source.name:
+        return source.name
+    if source.kind == "catalog":
+        stem = Path(source.ref).name.split(".")[0]
+    elif source.kind == "mcp":
+        stem = Path(source.ref.split()[0]).name
+    else:
+        stem = source.ref.rsplit(":", 1)[-1]
+    stem = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem)
+    stem = re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_") or "source"
+    return ("s_" + stem if not stem[0].isalpha() else stem)[:40]
+
+
+def search_path(source: EnvironmentSource) -> list[str]:
+    """Where a module source is looked for: its own folder first, then the Python path."""
+    return [str(Path(source.path).resolve()), *sys.path] if source.path else list(sys.path)
+
+
+def content_hash(source: EnvironmentSource) -> str:
+    """What a run's identity must change with when the user edits their source."""
+    digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{source.overlay}".encode())
+    paths: list[Path] = []
+    if source.kind == "catalog":
+        try:
+            digest.update(import_catalog(Path(source.ref)).content_hash.encode())
+        except (CatalogError, OSError):
+            paths.append(Path(source.ref))  # opening it will report the problem; the id still must be stable
+    elif source.kind == "module":
+        from envs.registry import plugin_content_hash
+
+        digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
+    if source.state:
+        paths.append(Path(source.state))
+    if source.overlay:
+        paths.append(Path(source.overlay))
+    for root in paths:
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for f in files:
+            digest.update(os.fsencode(f.relative_to(root) if root.is_dir() else f.name))
+            try:
+                digest.update(f.read_bytes())
+            except OSError as exc:
+                digest.update(str(exc).encode())
+    return digest.hexdigest()[:16]
+
+
+def open_source(source: EnvironmentSource, play: Callable | None = None) -> Source:
+    """Open one source; ``play`` answers calls of tools without an implementation (``LLMStage.play_tool``)."""
+    if source.kind != "catalog":
+        return _KINDS[source.kind](source)
+    try:
+        imported = import_catalog(Path(source.ref))
+    except (CatalogError, OSError) as exc:
+        raise SourceError(f"catalog {source.ref}: {exc}") from None
+    if imported.format == "openapi":
+        return CatalogSource(source, imported)
+    return SimulatedSource(source, imported, play)
+
+
+def open_sources(config: SynthesizeConfig, play: Callable | None = None) -> dict[str, Source]:
+    """The run's sources by domain name, built-in domains first; a name used twice is an error."""
+    sources: dict[str, Source] = {d: BuiltinSource(d) for d in config.domains}
+    try:
+        for spec in config.environments:
+            src = open_source(spec, play)
+            if src.name in sources:
+                raise SourceError(f"{spec.kind} {spec.ref!r}: domain name {src.name!r} is taken"
+                                  f"{' by a built-in domain' if src.name in DOMAINS else ''}; give it another "
+                                  f"name (environments[].name)")
+            sources[src.name] = src
+    except BaseException:
+        for src in sources.values():
+            src.close()
+        raise
+    return sources
+
+
+def domain_names(config: SynthesizeConfig) -> list[str]:
+    """Every domain a run samples from, in the order tasks are spread over them (without opening anything)."""
+    return [*config.domains, *(source_name(s) for s in config.environments)]
+
+
+class Environments:
+    """Environments for stored tasks, opened from the sources of the runs that made them.
+
+    Curation, audit and training read tasks from the corpus and need each task's initial state again; a
+    task carries its domain name and environment seed, the run's manifest the source behind that name. One
+    environment per (run source, seed) is opened and reused; :meth:`close` stops them all.
+
+    Args:
+        corpus: Anything with ``manifest(run_id) -> dict`` (``storage.Corpus``).
+    """
+
+    def __init__(self, corpus: Any):
+        self.corpus = corpus
+        self._specs: dict[str, dict[str, EnvironmentSource]] = {}
+        self._sources: dict[str, Source] = {}
+        self._envs: dict[tuple[int, int], ToolEnvironment] = {}
+        self._cache: RequestCache | None = None
+
+    def _spec(self, run_id: str, domain: str) -> EnvironmentSource | None:
+        if run_id not in self._specs:
+            config = (self.corpus.manifest(run_id) or {}).get("config") or {}
+            specs = [EnvironmentSource(**s) for s in config.get("environments") or []]
+            self._specs[run_id] = {source_name(s): s for s in specs}
+        return self._specs[run_id].get(domain)
+
+    def source(self, run_id: str, domain: str) -> Source:
+        spec = self._spec(run_id, domain)
+        if spec is None:
+            if domain not in DOMAINS:
+                raise SourceError(f"run {run_id}: domain {domain!r} is neither built in nor among the run's "
+                                  "environments (its manifest names none by that name)")
+            key = f"builtin:{domain}"
+            if key not in self._sources:
+                self._sources[key] = BuiltinSource(domain)
+            return self._sources[key]
+        key = f"{spec.kind}:{spec.ref}:{content_hash(spec)}"
+        if key not in self._sources:
+            self._sources[key] = open_source(spec, play=self._replay())
+        return self._sources[key]
+
+    def _replay(self) -> Callable | None:
+        """Simulated tools answer from the corpus's request cache: what the model said when the corpus was made."""
+        root = getattr(self.corpus, "root", None)
+        path = Path(root) / "_cache" / "llm.sqlite" if root is not None else None
+        if path is None or not path.exists():
+            return None
+        if self._cache is None:
+            self._cache = RequestCache(path)
+        return partial(replayed_tool, self._cache)
+
+    def open(self, task: Any) -> ToolEnvironment:
+        """The environment of a stored task (``run_id``, ``domain``, ``env_seed``) in its initial state."""
+        src = self.source(task.run_id, task.domain)
+        key = (id(src), task.env_seed)
+        if key not in self._envs:
+            self._envs[key] = src.open(task.env_seed)
+        return self._envs[key]
+
+    def close(self) -> None:
+        for env in self._envs.values():
+            env.close()
+        for src in self._sources.values():
+            src.close()
+        self._envs.clear()
+        self._sources.clear()
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+    def __enter__(self) -> Environments:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
