@@ -52,6 +52,22 @@ def argument_validator(schema: dict[str, Any] | bool) -> jsonschema.Draft202012V
     return jsonschema.Draft202012Validator(schema, registry=NO_RETRIEVAL)
 
 
+def argument_problem(name: str, arguments: Any, validators: dict[str, jsonschema.Draft202012Validator]) -> str | None:
+    """Why a call cannot run (an unknown tool, arguments that are not an object or break the schema), or None.
+
+    Every environment answers a bad call with the same message, so agents and verifiers see one wording.
+    """
+    if name not in validators:
+        return f"Unknown tool '{name}'. Available tools: {', '.join(sorted(validators))}."
+    if not isinstance(arguments, dict):
+        return f"Arguments of '{name}' must be a JSON object."
+    error = jsonschema.exceptions.best_match(validators[name].iter_errors(arguments))
+    if error is not None:
+        where = ".".join(str(p) for p in error.absolute_path) or "arguments"
+        return f"Invalid arguments for '{name}': {where}: {error.message}"
+    return None
+
+
 class ToolError(Exception):
     """A failure the agent caused and can recover from ("Order not found"); becomes a tool message."""
 
@@ -456,15 +472,7 @@ class Environment:
 
     def check_arguments(self, name: str, arguments: Any) -> str | None:
         """Why a call's arguments are invalid for the tool's schema, or None if they are valid."""
-        if name not in self.specs:
-            return f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
-        if not isinstance(arguments, dict):
-            return f"Arguments of '{name}' must be a JSON object."
-        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-            return f"Invalid arguments for '{name}': {where}: {error.message}"
-        return None
+        return argument_problem(name, arguments, self._validators)
 
     def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
         """Run one tool call. Returns ``(result, None)`` or ``(None, error message)``; never raises for bad calls.

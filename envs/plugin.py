@@ -47,7 +47,7 @@ from typing import Any, NoReturn
 
 import jsonschema
 
-from envs.base import ToolSpec, argument_validator, diff_states, parse_call
+from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
 from sandbox import INPUT, ONE_SHOT, Limits, SandboxUnavailable, Spec, availability, python_executable, sandboxed
 from schemas import Tool
 
@@ -669,15 +669,7 @@ class PluginEnvironment:
         return (None, problem) if problem else self.execute(name, args)
 
     def check_arguments(self, name: str, arguments: Any) -> str | None:
-        if name not in self.specs:
-            return f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
-        if not isinstance(arguments, dict):
-            return f"Arguments of '{name}' must be a JSON object."
-        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-            return f"Invalid arguments for '{name}': {where}: {error.message}"
-        return None
+        return argument_problem(name, arguments, self._validators)
 
     def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
         """Run one tool call in the worker: ``(result, None)`` or ``(None, error)`` as in-process.

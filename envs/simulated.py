@@ -20,9 +20,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-import jsonschema
-
-from envs.base import ToolSpec, argument_validator, diff_states, parse_call
+from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
 from schemas import Tool
 
 Play = Callable[[Tool, dict[str, Any], list[tuple[str, dict[str, Any], Any]]], tuple[Any, str | None]]
@@ -103,15 +101,7 @@ class SimulatedEnvironment:
         return (None, problem) if problem else self.execute(name, args)
 
     def check_arguments(self, name: str, arguments: Any) -> str | None:
-        if name not in self.tools:
-            return f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.tools))}."
-        if not isinstance(arguments, dict):
-            return f"Arguments of '{name}' must be a JSON object."
-        error = jsonschema.exceptions.best_match(self._validators[name].iter_errors(arguments))
-        if error is not None:
-            where = ".".join(str(p) for p in error.absolute_path) or "arguments"
-            return f"Invalid arguments for '{name}': {where}: {error.message}"
-        return None
+        return argument_problem(name, arguments, self._validators)
 
     def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
         problem = self.check_arguments(name, arguments)

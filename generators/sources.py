@@ -9,7 +9,9 @@ after it (sampler, task builder, controls, verifiers, agents, curation, training
   so it runs in-process too;
 - ``module``: a user's ``Domain`` class (``package.module:Class`` or an entry point) runs in a worker inside the
   sandbox boundary (``envs.plugin``);
-- ``mcp``: an MCP server over stdio, one sandboxed process per environment instance (``envs.mcp``).
+- ``mcp``: an MCP server over stdio, one sandboxed process per environment instance (``envs.mcp``);
+- ``catalog`` of schemas only (OpenAI tools, JSON-schema / BFCL functions, an MCP listing): a model plays the
+  tools (``envs.simulated``), in a run that has one; its tasks are labelled ``simulated/…``.
 """
 
 from __future__ import annotations
@@ -78,11 +80,8 @@ class Source:
     def close(self) -> None:
         """Stop what the source started (a plugin worker); environments it opened are closed by their users."""
 
-    def row(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "ref": self.ref}
 
-
-class BuiltinSource(Source):
+class BuiltinDomainSource(Source):
     kind = "builtin"
 
     def __init__(self, name: str):
@@ -204,7 +203,7 @@ class SimulatedSource(Source):
                 "operations_skipped": len(self.imported.skipped)}
 
 
-class PluginSource(_GraphFromEnvironment):
+class ModuleSource(_GraphFromEnvironment):
     """A user's ``Domain`` class, run in a sandboxed worker."""
 
     kind = "module"
@@ -263,7 +262,7 @@ class MCPSource(_GraphFromEnvironment):
             close()
 
 
-_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": PluginSource, "mcp": MCPSource}
+_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": ModuleSource, "mcp": MCPSource}
 
 
 def source_name(source: EnvironmentSource) -> str:
@@ -329,7 +328,7 @@ def open_source(source: EnvironmentSource, play: Callable | None = None) -> Sour
 
 def open_sources(config: SynthesizeConfig, play: Callable | None = None) -> dict[str, Source]:
     """The run's sources by domain name, built-in domains first; a name used twice is an error."""
-    sources: dict[str, Source] = {d: BuiltinSource(d) for d in config.domains}
+    sources: dict[str, Source] = {d: BuiltinDomainSource(d) for d in config.domains}
     try:
         for spec in config.environments:
             src = open_source(spec, play)
@@ -383,7 +382,7 @@ class Environments:
                                   "environments (its manifest names none by that name)")
             key = f"builtin:{domain}"
             if key not in self._sources:
-                self._sources[key] = BuiltinSource(domain)
+                self._sources[key] = BuiltinDomainSource(domain)
             return self._sources[key]
         key = f"{spec.kind}:{spec.ref}:{content_hash(spec)}"
         if key not in self._sources:
