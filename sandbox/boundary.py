@@ -6,8 +6,9 @@ run as a separate process that shares no Python state with the caller, inside:
 - **bubblewrap** (`bwrap`): new user, mount, pid, network, ipc, uts and cgroup namespaces; a root file
   system holding only the Python runtime (interpreter, its shared libraries, the standard library without
   site-packages) and whatever the caller lists read-only, plus one private, size-capped tmpfs as the only
-  writable place; no nested user namespaces; every process dies with the caller (`--die-with-parent`,
-  and pid 1 of the namespace takes the rest with it);
+  writable place besides the host folders a caller binds read-write under `/sandbox/` (`Spec.writable`: a tool
+  server's working copy of its state); no nested user namespaces; every process dies with the caller
+  (`--die-with-parent`, and pid 1 of the namespace takes the rest with it);
 - **seccomp** (a libseccomp filter bubblewrap loads before it starts anything): no new processes, no ptrace,
   no mounts, namespaces, keyrings, bpf or kernel modules, no kernel memory that no limit counts (xattrs, SysV
   IPC); one-shot checks also get no threads and no sockets, and cannot load ctypes or other native escape
@@ -183,6 +184,51 @@ def _elf_interpreter(path: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def binary_closure(path: str) -> tuple[str, ...]:
+    """What a dynamically linked ELF file needs to load: itself, its loader and every shared library it pulls in.
+
+    Give the result to `Spec.read_only` to run a program that is not the interpreter (`/usr/bin/git`) or to load
+    an extension module whose libraries the interpreter does not map itself (`_sqlite3` needs libsqlite3).
+    Libraries are named as the loader finds them (`/lib/x86_64-linux-gnu/libz.so.1`, a symlink the sandbox
+    recreates). Found with the loader's `--list`, which resolves dependencies without running the file's code;
+    a static or non-ELF file needs only itself.
+
+    Raises:
+        SandboxUnavailable: the loader cannot resolve the file's libraries (a library is missing on this machine).
+    """
+    path = os.path.abspath(path)
+    try:
+        interp = _elf_interpreter(path)
+    except (OSError, struct.error):
+        interp = None
+    # A shared object names no loader of its own: list it with the interpreter's, which loads it the same way.
+    loader = interp or _elf_interpreter(python_executable())
+    try:
+        with open(path, "rb") as f:
+            is_elf = f.read(4) == b"\x7fELF"
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot read {path}: {exc}") from exc
+    if not is_elf or loader is None:
+        return (path,)
+    try:
+        done = subprocess.run([loader, "--list", path], capture_output=True, text=True, timeout=30, env={})
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise SandboxUnavailable(f"cannot list the libraries of {path} with {loader}: {exc}") from exc
+    if done.returncode != 0 and "statically linked" not in done.stdout + done.stderr:
+        raise SandboxUnavailable(f"the libraries of {path} cannot be resolved here: "
+                                 f"{(done.stderr or done.stdout).strip()[-300:]}")
+    found = [path, loader]
+    for line in done.stdout.splitlines():
+        left, arrow, right = line.strip().partition("=>")
+        target = (right if arrow else left).strip().split(" (", 1)[0].strip()
+        if arrow and target in ("", "not found"):
+            raise SandboxUnavailable(f"{path} needs {left.strip()}, which is not installed here")
+        if target.startswith("/") and os.path.exists(target):
+            found.append(target)
+    return tuple(dict.fromkeys(found))
+
+
 class _Tree:
     """The host paths to make visible, as read-only binds plus the symlinks on the way to them."""
 
@@ -278,6 +324,32 @@ class Spec:
     mode: str = "exec"
     """`exec`: the launcher execs `argv`; `python`: it runs the Python file `argv[0]` in its own interpreter
     (no exec needed, so `ONE_SHOT` suffices); `check`: the one-shot check runner (see `oneshot`)."""
+    writable: tuple[tuple[str, str], ...] = ()
+    """`(host folder, path inside)` pairs: host folders bound read-write, each at its path under `/sandbox/`
+    (e.g. a tool server's working copy of its state at `/sandbox/state`). The only host files the process can
+    change; the disk limit does not cover them (`file_bytes` still caps each file)."""
+
+
+_RESERVED = (WORK, INPUT, _LIB)
+
+
+def _writable_binds(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Checks `Spec.writable`: existing host folders (no symlinks resolved behind the caller's back) at distinct,
+    normalised paths under `/sandbox/` that do not overlap the sandbox's own folders or each other."""
+    out: list[tuple[str, str]] = []
+    for host, inside in pairs:
+        if not os.path.isabs(host) or os.path.islink(host) or not os.path.isdir(host):
+            raise ValueError(f"writable bind {host!r}: the host side must be an existing folder given by an "
+                             "absolute path that is not a symlink")
+        norm = os.path.normpath(inside)
+        if norm != inside or not inside.startswith("/sandbox/") or inside.count("/") < 2:
+            raise ValueError(f"writable bind {inside!r}: the path inside must be a normalised path under /sandbox/, "
+                             "e.g. /sandbox/state")
+        for taken in (*_RESERVED, *(i for _, i in out)):
+            if inside == taken or inside.startswith(taken + "/") or taken.startswith(inside + "/"):
+                raise ValueError(f"writable bind {inside!r} overlaps {taken}")
+        out.append((os.path.realpath(host), inside))
+    return out
 
 
 def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int) -> list[str]:
@@ -305,6 +377,8 @@ def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int) -> list[st
              "--ro-bind", str(_LAUNCHER), f"{_LIB}/launcher.py",
              "--ro-bind", str(_CHECK_RUNNER), f"{_LIB}/check_runner.py",
              "--size", str(spec.limits.disk_mb << 20), "--tmpfs", WORK, "--chdir", WORK]
+    for host, inside in _writable_binds(spec.writable):
+        args += ["--bind", host, inside]
     if spec.mode == "check":  # the payload is readable in the check's own folder, without counting against it
         args += ["--ro-bind", os.path.join(inputs, "payload.json"), f"{WORK}/payload.json"]
     args += ["--remount-ro", "/"]  # bwrap's root is itself a tmpfs, writable and uncapped unless made read-only

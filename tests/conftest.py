@@ -42,3 +42,19 @@ def prefect_server():
                     handler.flush()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def servers() -> dict:
+    """The reference MCP servers, installed once per session by ``scripts/mcp-servers.sh`` (pinned, one venv or
+    npm folder each, under ``~/.cache/synthloop/mcp``); says which are there, with the script's log."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["sh", str(repo / "scripts" / "mcp-servers.sh")], capture_output=True, text=True,
+                          timeout=900)
+    home = Path(os.environ.get("SYNTHLOOP_MCP_HOME") or Path.home() / ".cache" / "synthloop" / "mcp")
+    found: dict = {n: any((d / ".synthloop-pins").exists() for d in home.glob(f"{n}-*"))
+                   for n in ("sqlite", "time", "git", "memory")}
+    found["log"] = done.stdout + done.stderr
+    return found

@@ -72,3 +72,17 @@ def pids_with_marker(marker: str) -> set[int]:
             except OSError:
                 continue
     return found
+
+
+def need_mcp_server(servers: dict, name: str) -> None:
+    """Skip where a reference MCP server could not be installed here; in CI (``CI`` set) that is a failure, since
+    the tests that claim real servers work must run on real servers."""
+    import os
+
+    import pytest
+
+    if not servers[name]:
+        message = f"mcp-server-{name} is not installed: {servers['log'][-500:]}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)

@@ -122,3 +122,43 @@ def test_a_plugin_that_dies_fails_its_batch_naming_the_plugin_and_keeps_nothing_
         EnvironmentSource(kind="module", ref="crashy.domain:Crashing", path=str(tmp_path))])
     with pytest.raises(PluginError, match=r"plugin crashy\.domain:Crashing: .*(exit|died|status)"):
         run_batch(config, 0)  # raised, so the flow never writes the batch: a rerun redoes it
+
+
+def test_real_mcp_servers_run_through_the_flow_and_audit_finds_no_accepted_mutant(prefect_server, servers, tmp_path):
+    """mcp-server-sqlite (PyPI) on a copy of retail's data and @modelcontextprotocol/server-memory (npm), each
+    environment instance a sandboxed process on its own working copy; no model, so SQL comes from `values`."""
+    import json
+
+    import envs
+    from envs.mcp import database_file
+    from flows.synthesize import synthesize
+    from tests.envs.test_mcp_env import GRAPH
+    from tests.helpers import need_mcp_server
+    from verifiers.audit import audit
+
+    need_mcp_server(servers, "sqlite")
+    need_mcp_server(servers, "memory")
+    (tmp_path / "sql").mkdir()
+    database_file(envs.Environment(envs.get_domain("retail"), 0).snapshot(), tmp_path / "sql" / "retail.db")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.jsonl").write_text("\n".join(json.dumps(r) for r in GRAPH))
+    config = SynthesizeConfig(n_tasks=8, batch_size=8, run_name="mcp", domains=[], agents=SCRIPTED,
+                              sampling={"depth_max": 2}, environments=[
+        EnvironmentSource(kind="mcp", ref="mcp-server-sqlite --db-path {workdir}/retail.db", state=str(tmp_path / "sql"),
+                          values={"read_query.query": ["SELECT count(*) AS n FROM orders"],
+                                  "write_query.query": ["UPDATE products SET stock = 0 WHERE product_id = 'P0001'",
+                                                        "DELETE FROM returns"]}),
+        EnvironmentSource(kind="mcp", ref="mcp-server-memory", state=str(tmp_path / "memory"),
+                          env={"MEMORY_FILE_PATH": "{workdir}/memory.jsonl"})])
+    summary = synthesize(config=config, corpus_root=str(tmp_path / "corpus"))
+    per = summary["per_domain"]
+    assert set(per) == {"mcp_server_sqlite", "mcp_server_memory"}
+    assert all(c.get("accepted", 0) >= 1 and c["controls_rejected"] == c["controls"] for c in per.values()), per
+    corpus = Corpus(tmp_path / "corpus")
+    with Environments(corpus) as environments:
+        report = audit(corpus, run_id=config.run_id, environment=environments.open)
+    assert report["recheck"].get("reference_failed", 0) == 0 and report["mutants_accepted"] == 0
+    assert set(report["per_domain"]) == set(per)
+    from tests.helpers import pids_with_marker
+
+    assert not pids_with_marker("mcp-server-sqlite") | pids_with_marker("mcp-server-memory")  # all ended

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from sandbox import (
     run_check,
     sandboxed,
 )
+from sandbox.boundary import binary_closure
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -144,3 +146,122 @@ def test_the_attack_suite_passes_as_an_unprivileged_user(tmp_path):
     tail = done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == 0, tail
     assert " passed" in done.stdout and "failed" not in done.stdout, tail
+
+
+# --- writable binds and binary closures (servers with state: envs.mcp) -------------------------------------------
+
+STATE = "/sandbox/state"
+
+
+def _attempts(lines: str) -> bytes:
+    """A program that runs each `label = expression` line and prints what happened to it, as JSON."""
+    body = "".join(f"    attempt({label!r}, lambda: {expr})\n" for label, expr in
+                   (line.split(" = ", 1) for line in lines.strip().splitlines()))
+    return ("import json, os, socket\nresults = {}\n"
+            "def attempt(label, fn):\n"
+            "    try:\n        out = fn()\n        results[label] = out if isinstance(out, (str, bool)) else 'ok'\n"
+            "    except OSError as e:\n        results[label] = type(e).__name__\n"
+            "def main():\n" + body + "main()\nprint(json.dumps(results))\n").encode()
+
+
+def test_a_writable_bind_is_the_only_host_folder_the_process_can_change(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "seed.txt").write_text("seed")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "lib.txt").write_text("read-only")
+    program = _attempts(f"""
+read_seed = open('{STATE}/seed.txt').read()
+write_state = open('{STATE}/new.txt', 'w').write('written inside')
+mkdir_state = os.makedirs('{STATE}/sub/deeper')
+read_shared = open('{shared}/lib.txt').read()
+write_shared = open('{shared}/new.txt', 'w')
+write_host_path_of_state = open('{state}/direct.txt', 'w')
+write_beside_state = open('{tmp_path}/outside.txt', 'w')
+write_sandbox_root = open('/sandbox/elsewhere.txt', 'w')
+read_home = open('/root/.bashrc').read()
+read_profile = open('/root/.profile').read()
+read_project = open('{REPO}/README.md').read()
+list_project = os.listdir('{REPO}')
+""")
+    spec = Spec(argv=(f"{INPUT}/main.py",), mode="python", policy=SERVER, limits=SERVER_LIMITS,
+                read_only=(str(shared),), writable=((str(state), STATE),), files=(("main.py", program),))
+    with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=30)
+    results = json.loads(out or b"{}")
+    assert results == {
+        "read_seed": "seed", "write_state": "ok", "mkdir_state": "ok", "read_shared": "read-only",
+        "write_shared": "OSError", "write_host_path_of_state": "FileNotFoundError",
+        "write_beside_state": "OSError", "write_sandbox_root": "OSError",
+        "read_home": "FileNotFoundError", "read_profile": "FileNotFoundError",
+        "read_project": "FileNotFoundError", "list_project": "FileNotFoundError",
+    }, err
+    assert (state / "new.txt").read_text() == "written inside" and (state / "sub" / "deeper").is_dir()
+    assert not (tmp_path / "outside.txt").exists() and not (shared / "new.txt").exists()
+    assert sorted(p.name for p in state.iterdir()) == ["new.txt", "seed.txt", "sub"]
+
+
+def test_a_server_with_a_writable_folder_still_cannot_reach_the_network(tmp_path):
+    """IP sockets are killed by the SERVER filter (SIGSYS) and the network namespace is empty: nothing arrives."""
+    state = tmp_path / "state"
+    state.mkdir()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    program = (f"open('{STATE}/before.txt', 'w').write('x')\n"
+               "import socket\n"
+               f"socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+               f"open('{STATE}/after.txt', 'w').write('connected')\n").encode()
+    spec = Spec(argv=(f"{INPUT}/main.py",), mode="python", policy=SERVER, limits=SERVER_LIMITS,
+                writable=((str(state), STATE),), files=(("main.py", program),))
+    with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.communicate(timeout=30)
+    with pytest.raises(socket.timeout):
+        listener.accept()
+    listener.close()
+    assert proc.returncode != 0
+    assert (state / "before.txt").exists() and not (state / "after.txt").exists()
+
+
+@pytest.mark.parametrize("inside", ["/sandbox/work", "/sandbox/in/x", "/sandbox", "/etc", "/sandbox/a/../b",
+                                    "relative"])
+def test_writable_binds_must_sit_apart_under_sandbox(tmp_path, inside):
+    with pytest.raises(ValueError, match="writable bind"):
+        with sandboxed(Spec(argv=("/bin/true",), writable=((str(tmp_path), inside),))):
+            pass
+
+
+def test_a_writable_bind_of_a_symlink_or_a_missing_folder_is_refused(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    for host in (tmp_path / "link", tmp_path / "missing"):
+        with pytest.raises(ValueError, match="existing folder"):
+            with sandboxed(Spec(argv=("/bin/true",), writable=((str(host), STATE),))):
+                pass
+
+
+def test_a_native_program_runs_with_its_binary_closure_and_nothing_else():
+    """`binary_closure` lists what the loader maps; with it a non-Python program (git) runs inside, without not."""
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    closure = binary_closure(git)
+    assert closure[0] == os.path.abspath(git) and any("libc.so" in p for p in closure)
+    assert all(os.path.exists(p) for p in closure)
+    spec = Spec(argv=(git, "--version"), policy=SERVER, limits=SERVER_LIMITS, read_only=closure)
+    with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and out.startswith(b"git version"), err
+    with sandboxed(Spec(argv=(git, "--version"), policy=SERVER, limits=SERVER_LIMITS),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode != 0 and b"cannot start" in err
+
+
+def test_the_binary_closure_of_a_file_that_is_not_elf_is_the_file(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    assert binary_closure(str(script)) == (str(script),)

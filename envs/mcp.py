@@ -1,0 +1,1070 @@
+"""MCP servers as environments: one sandboxed server process per environment instance, on its own working copy.
+
+A user's MCP server (``mcp-server-sqlite --db-path {workdir}/retail.db``) becomes a :class:`~envs.base.ToolEnvironment`:
+
+- **tools** come from the server's ``tools/list``: each MCP tool becomes a ``schemas.Tool`` (its ``inputSchema``
+  as parameters, ``outputSchema`` as returns, ``readOnlyHint`` deciding ``mutates`` — where a server declares no
+  hints, as mcp-server-sqlite, the name's first word does (``read_query`` reads, ``write_query`` writes;
+  ``origin["mutates_inferred"] = "name"``); the name made OpenAI-valid, the original kept in ``origin`` and used
+  for the call) and a :meth:`ToolSpec.described` spec;
+- **state** is the server's working folder. Each environment instance copies the source's initial folder into a
+  private host folder, bound read-write at ``/sandbox/state`` (``{workdir}`` in the command) inside the sandbox
+  boundary (``sandbox.boundary``: bubblewrap namespaces, no network, seccomp, rlimits; nothing else of the host
+  writable, the server's own venv and the libraries it loads read-only). ``snapshot()`` is that folder as a tar;
+  ``rows()`` reads it canonically: every SQLite file per table, rows keyed by primary key (rowid where there is
+  none), not byte-wise; every JSON-lines file (``.jsonl``, ``.ndjson``; a ``.json`` list) as tables of its
+  records, split by their ``type`` and keyed naturally (``memory.jsonl:entity`` keyed ``entity|Ada``), so a diff
+  names the entity that changed; every other file as a row of table ``files`` (relative path → sha256 and size);
+- **calls** go over stdio as newline-delimited JSON-RPC 2.0 (``initialize`` → ``notifications/initialized`` →
+  ``tools/list`` → ``tools/call``), synchronously with timeouts. A call's result is its ``structuredContent``, else
+  its text parsed as JSON, else as a Python literal (``str()`` of a list of dicts, as mcp-server-sqlite answers),
+  else the text. A call to a tool taken to be read-only is checked: if the state changed, the call stands but it is
+  counted (``MCPServer.undeclared_writes``) and the tool writes from then on.
+
+Servers run by an interpreter through a ``#!`` line work alike: a Python console script in its venv, or an npm
+package's script (``@modelcontextprotocol/server-memory``: node, its libraries and the install's ``node_modules``
+read-only; ``env={"MEMORY_FILE_PATH": "{workdir}/memory.jsonl"}`` puts its graph in the working copy). Node 20 runs
+under the ``SERVER`` policy unchanged: it starts its threads with ``clone3``, which the filter refuses with ENOSYS,
+and glibc retries with ``clone(CLONE_THREAD…)``, which it allows; its libuv (1.46) makes no ``io_uring_setup``
+call by default (strace), and would get ENOSYS and keep its thread pool if it did. It starts no process.
+
+The client is our own (about 150 lines) rather than the ``mcp`` SDK's: the SDK client is asynchronous (anyio task
+groups and memory streams), spawns the server itself where we must spawn it through ``sandboxed()``, and would add
+four packages to the project for the four requests used here. Its pins do not clash with ours (``pip install
+--dry-run "mcp>=2.3,<3"`` would add mcp 2.3.0, mcp-types, PyJWT and python-multipart and change nothing), so a
+later Streamable HTTP transport could take it.
+
+Faults are named: a server that cannot start raises :class:`MCPError` with the command and its stderr tail; one
+that crashes, hangs past the timeout or answers malformed JSON during a call gives ``(None, "MCP server `…`
+crashed: …")`` and is restarted, on the same working copy, by the next call. Where the boundary cannot be built
+the server is refused (``SandboxUnavailable``); it never runs unsandboxed.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+import contextlib
+import dataclasses
+import glob
+import hashlib
+import io
+import json
+import os
+import re
+import select
+import shlex
+import shutil
+import sqlite3
+import stat
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
+from sandbox.boundary import SERVER, Limits, SandboxUnavailable, Spec, binary_closure, python_executable, sandboxed
+from schemas import Tool
+
+WORKDIR = "/sandbox/state"
+"""Where the environment's working copy appears inside the sandbox; ``{workdir}`` in a command stands for it."""
+PROTOCOL_VERSION = "2025-06-18"
+SERVER_LIMITS = Limits(cpu_seconds=900, wall_seconds=None, memory_mb=2048, disk_mb=64, file_bytes=256 << 20,
+                       open_files=256)
+"""Limits of one server process: CPU over its whole life, address space (threads reserve stacks and arenas),
+its private tmpfs, the largest file it may write in its working copy, descriptors."""
+MAX_LINE = 32 << 20
+"""The longest JSON-RPC message accepted from a server; a longer one is malformed."""
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+_SQLITE_MAGIC = b"SQLite format 3\0"
+_SQLITE_SIDE = ("-journal", "-wal", "-shm")
+_JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
+MAX_JSON_STATE = 64 << 20
+"""A JSON(-lines) file larger than this is state by its hash (table ``files``), not record by record."""
+_SIGNALS = {9: "SIGKILL (killed)", 24: "SIGXCPU (CPU limit)", 25: "SIGXFSZ (file size limit)",
+            31: "SIGSYS (a system call the sandbox forbids)", 11: "SIGSEGV", 6: "SIGABRT"}
+
+
+class MCPError(RuntimeError):
+    """An MCP server could not be started or spoke something other than MCP; the message names the command."""
+
+
+class _Dead(Exception):
+    """The server process is gone (crashed, killed after a timeout, or stopped for malformed output)."""
+
+
+class _RPCError(Exception):
+    """A JSON-RPC error response: the server understood the request and refused it."""
+
+
+@dataclass(frozen=True)
+class MCPDomain:
+    """What stages ask of ``env.domain_cls`` for an MCP server: its name and a description."""
+
+    name: str
+    description: str
+    arg_sources: dict[str, str] = field(default_factory=dict)
+
+
+# --- the wire ---------------------------------------------------------------------------------------------------
+
+
+class _Server:
+    """One sandboxed server process and the JSON-RPC conversation with it: one request at a time, with deadlines."""
+
+    def __init__(self, label: str, spec: Spec, start_timeout: float):
+        self.label = label
+        self.dead: str | None = None
+        self._stack = contextlib.ExitStack()
+        self._buf = bytearray()
+        self._next_id = 0
+        self._err: collections.deque[str] = collections.deque(maxlen=40)
+        self.proc = self._stack.enter_context(
+            sandboxed(spec, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        self._drain = threading.Thread(target=self._read_stderr, name="mcp-stderr", daemon=True)
+        self._drain.start()
+        try:
+            self.info = self.request("initialize", {
+                "protocolVersion": PROTOCOL_VERSION, "capabilities": {},
+                "clientInfo": {"name": "synthloop", "version": "0"}}, start_timeout)
+            if not isinstance(self.info, dict):
+                raise _Dead(f"answered initialize with {_clip(json.dumps(self.info))} instead of an object")
+            self.notify("notifications/initialized")
+        except (_Dead, _RPCError) as exc:
+            self.close()
+            raise MCPError(f"MCP server `{label}` did not start: {exc}{self.stderr_tail()}") from None
+
+    def _read_stderr(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            for line in self.proc.stderr:
+                self._err.append(line.decode("utf-8", "replace").rstrip()[:400])
+
+    def stderr_tail(self) -> str:
+        self._drain.join(timeout=1.0)
+        text = "\n".join(self._err).strip()[-1500:]
+        return f"; its stderr ends:\n{text}" if text else "; it wrote nothing on stderr"
+
+    def close(self) -> None:
+        """Kills the whole sandbox (bwrap's process group) and reaps it; idempotent."""
+        self.dead = self.dead or "closed"
+        self._stack.close()
+
+    def _fail(self, why: str) -> _Dead:
+        self.dead = why
+        if self.proc.poll() is not None:  # it ended by itself: let the drain read its last words first
+            self._drain.join(timeout=1.0)
+        self._stack.close()
+        return _Dead(why)
+
+    def _exit_status(self) -> str:
+        try:
+            rc = self.proc.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            return "closed its output"
+        sig = -rc if rc < 0 else rc - 128 if rc > 128 else None
+        if sig in _SIGNALS:
+            return f"was killed by {_SIGNALS[sig]}"
+        return {98: "could not apply the sandbox's limits (exit 98)",
+                127: "could not be executed (exit 127)"}.get(rc, f"exited with status {rc}")
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self.dead:
+            raise _Dead(self.dead)
+        try:
+            self.proc.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            raise self._fail(self._exit_status()) from None
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        self._send({"jsonrpc": "2.0", "method": method, **({"params": params} if params is not None else {})})
+
+    def request(self, method: str, params: dict[str, Any] | None, timeout: float) -> Any:
+        """The result of one request; raises ``_RPCError`` for an error answer and ``_Dead`` when the server is gone."""
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method,
+                    **({"params": params} if params is not None else {})})
+        deadline = time.monotonic() + timeout
+        while True:
+            message = self._read(deadline, method, timeout)
+            if "method" in message:  # a request or notification from the server (logging, progress, ping)
+                if "id" in message:
+                    self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}} if message["method"] == "ping"
+                               else {"jsonrpc": "2.0", "id": message["id"],
+                                     "error": {"code": -32601, "message": "not supported by this client"}})
+                continue
+            if message.get("id") != rid:
+                continue  # an answer to a request we no longer wait for
+            if "error" in message:
+                error = message["error"]
+                text = error.get("message") if isinstance(error, dict) else None
+                raise _RPCError(str(text) if text else _clip(json.dumps(error, default=str)))
+            if "result" not in message:
+                raise self._fail(f"answered {method} with neither a result nor an error: {_clip(json.dumps(message))}")
+            return message["result"]
+
+    def _read(self, deadline: float, method: str, timeout: float) -> dict[str, Any]:
+        fd = self.proc.stdout.fileno()
+        while True:
+            newline = self._buf.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buf[:newline]).strip()
+                del self._buf[: newline + 1]
+                if not line:
+                    continue
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    shown = _clip(line.decode("utf-8", "replace"))
+                    raise self._fail(f"answered {method} with malformed JSON: {shown}") from None
+                if not isinstance(message, dict):
+                    raise self._fail(f"answered {method} with a JSON {type(message).__name__}, not a JSON-RPC message")
+                return message
+            if len(self._buf) > MAX_LINE:
+                raise self._fail(f"sent a message over {MAX_LINE >> 20} MB while answering {method}")
+            left = deadline - time.monotonic()
+            ready = select.select([fd], [], [], max(left, 0))[0] if left > 0 else []
+            if not ready:
+                raise self._fail(f"did not answer {method} within {timeout:g} s (killed)")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise self._fail(self._exit_status())
+            self._buf += chunk
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+# --- the working copy -------------------------------------------------------------------------------------------
+
+
+def _pack(folder: str | os.PathLike | None) -> bytes:
+    """A folder as an uncompressed tar, symlinks kept as links (never followed), owners and times normalised."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        if folder is not None:
+            root = os.fspath(folder)
+            for rel in _walk(root):
+                info = tar.gettarinfo(os.path.join(root, rel), arcname=rel)
+                if info is None:  # a socket: nothing to keep
+                    continue
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                info.mtime = 0
+                if info.isreg():
+                    with open(os.path.join(root, rel), "rb") as f:
+                        tar.addfile(info, f)
+                elif info.isdir() or info.issym():
+                    tar.addfile(info)
+    return buf.getvalue()
+
+
+def _walk(root: str) -> list[str]:
+    """Relative paths under ``root`` (folders included), sorted; never descends through a symlink."""
+    out = []
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        dirs.sort()
+        for name in sorted(dirs + files):
+            out.append(os.path.relpath(os.path.join(folder, name), root))
+    return sorted(out)
+
+
+def _unpack(data: bytes, folder: str) -> None:
+    """Extracts a snapshot into ``folder``; the ``data`` filter refuses absolute paths, links out of it, devices."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        tar.extractall(folder, filter="data")
+
+
+def database_file(snapshot: bytes, path: str | os.PathLike) -> Path:
+    """Writes a serialised SQLite database (``Environment.snapshot()``) as a database file a server can open.
+
+    ``envs.mcp.database_file(Environment(get_domain("retail"), 0).snapshot(), state / "retail.db")`` seeds an
+    ``mcp-server-sqlite`` working copy with the retail domain's data.
+    """
+    source = sqlite3.connect(":memory:")
+    target = sqlite3.connect(os.fspath(path))
+    try:
+        source.deserialize(snapshot)
+        source.backup(target)
+    finally:
+        source.close()
+        target.close()
+    return Path(path)
+
+
+@dataclass
+class _State:
+    """The canonical state of a working folder and what it says about keys and relations."""
+
+    rows: dict[str, dict[str, dict[str, Any]]]
+    keys: dict[str, list[str]]
+    foreign_keys: list[tuple[str, str]]
+    columns: dict[str, dict[str, list[Any]]]  # column name → table → its distinct values
+    sqlite_tables: list[str]
+
+
+def _read_database(path: str) -> sqlite3.Connection:
+    """A private in-memory copy of a database file (with its journal or WAL applied), so reading never locks or
+    changes the server's file."""
+    side = [path + s for s in _SQLITE_SIDE[:2] if os.path.lexists(path + s)]
+    db = sqlite3.connect(":memory:")
+    if not side:
+        with open(path, "rb") as f:
+            db.deserialize(f.read())
+        return db
+    with tempfile.TemporaryDirectory(prefix="synthloop-mcp-read-") as tmp:
+        copy = os.path.join(tmp, "db")
+        for src, suffix in ((path, ""), *((s, s[len(path):]) for s in side)):
+            if stat.S_ISREG(os.lstat(src).st_mode):
+                shutil.copyfile(src, copy + suffix, follow_symlinks=False)
+        disk = sqlite3.connect(copy)
+        try:
+            disk.backup(db)
+        finally:
+            disk.close()
+    return db
+
+
+def _folder_state(root: str) -> _State:
+    paths = [p for p in _walk(root)
+             if not os.path.isdir(os.path.join(root, p)) or os.path.islink(os.path.join(root, p))]
+    kinds = {}
+    for rel in paths:
+        st = os.lstat(os.path.join(root, rel))
+        if stat.S_ISREG(st.st_mode) and st.st_size >= len(_SQLITE_MAGIC):
+            with open(os.path.join(root, rel), "rb") as f:
+                if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
+                    kinds[rel] = "sqlite"
+    databases = [p for p in paths if kinds.get(p) == "sqlite"]
+    side = {d + s for d in databases for s in _SQLITE_SIDE}
+    files: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    keys: dict[str, list[str]] = {}
+    columns: dict[str, dict[str, list[Any]]] = {}
+    for rel in paths:
+        if rel in kinds or rel in side:
+            continue
+        if rel.lower().endswith(_JSON_SUFFIXES) and _json_tables(root, rel, rows, keys, columns):
+            continue
+        full = os.path.join(root, rel)
+        st = os.lstat(full)
+        if stat.S_ISREG(st.st_mode):
+            digest = hashlib.sha256()
+            with open(full, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(chunk)
+            files[rel] = {"path": rel, "sha256": digest.hexdigest(), "size": st.st_size}
+        elif stat.S_ISLNK(st.st_mode):
+            files[rel] = {"path": rel, "sha256": None, "size": None, "link": os.readlink(full)}
+        else:
+            files[rel] = {"path": rel, "sha256": None, "size": None, "kind": stat.S_IFMT(st.st_mode)}
+    fks: set[tuple[str, str]] = set()
+    sqlite_tables: list[str] = []
+    for rel in databases:
+        db = _read_database(os.path.join(root, rel))
+        db.row_factory = sqlite3.Row
+        try:
+            tables = [r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND sql NOT LIKE 'CREATE VIRTUAL%' ORDER BY name")
+                if not r[0].startswith("sqlite_")]
+            bare = len(databases) == 1 and "files" not in tables
+            pks = {}
+            for table in tables:
+                info = db.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
+                pks[table] = [c["name"] for c in sorted(info, key=lambda c: c["pk"]) if c["pk"]]
+            for table in tables:
+                name = table if bare else f"{rel}:{table}"
+                sqlite_tables.append(table)
+                pk = pks[table] or ["rowid"]
+                select_sql = f"SELECT {'rowid AS rowid, ' if not pks[table] else ''}* FROM {_quote(table)}"
+                rows[name] = {"|".join(str(r[k]) for k in pk): dict(r) for r in db.execute(select_sql)}
+                keys[name] = pk
+                for fk in db.execute(f"PRAGMA foreign_key_list({_quote(table)})").fetchall():
+                    ref = fk["to"] or (pks.get(fk["table"]) or ["rowid"])[0]
+                    fks.add((fk["from"], ref))
+                for row in rows[name].values():
+                    for col, value in row.items():
+                        if value is not None and not isinstance(value, bytes):
+                            columns.setdefault(_norm(col), {}).setdefault(name, []).append(value)
+        except sqlite3.DatabaseError as exc:  # a file that only looks like a database: kept by content
+            files[rel] = {"path": rel, "sha256": _sha256(os.path.join(root, rel)), "size": None,
+                          "error": f"unreadable SQLite file: {exc}"}
+        finally:
+            db.close()
+    if files:
+        rows["files"] = dict(sorted(files.items()))
+        keys["files"] = ["path"]
+    return _State(rows, keys, sorted(fks), columns, sqlite_tables)
+
+
+def _json_records(path: str) -> list[Any] | None:
+    """The records of a JSON-lines file (one JSON value a line, blank lines skipped) or of a ``.json`` file holding
+    a list; None where it is neither (or too large to be state worth reading record by record)."""
+    if os.path.getsize(path) > MAX_JSON_STATE:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.lower().endswith(".json"):
+            value = json.loads(text, parse_constant=_no_constant)
+            return value if isinstance(value, list) else None
+        return [json.loads(line, parse_constant=_no_constant) for line in text.splitlines() if line.strip()]
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _json_tables(root: str, rel: str, rows: dict, keys: dict, columns: dict) -> bool:
+    """A JSON-lines (or JSON list) file as tables of its records, order-independent; False where it is not one.
+
+    Records that all carry a string ``type`` are split by it (``memory.jsonl:entity``, ``memory.jsonl:relation``),
+    others form table ``memory.jsonl``. A record's key is natural where one exists: ``type|name`` (``name`` or
+    ``id``, unique within the table); else, where every field is a scalar, its values in field order
+    (``Ada|knows|Bob``); else a hash of its canonical JSON. Identical records get ``#2``, ``#3``. Keys are listed
+    in ``keys`` only where they are two or more named columns: none is generated, so ``diff_states`` masks none.
+    A file with no records adds no table (an emptied memory file is the empty graph, as no file is).
+    """
+    full = os.path.join(root, rel)
+    if not stat.S_ISREG(os.lstat(full).st_mode):
+        return False
+    records = _json_records(full)
+    if records is None:
+        return False
+    records = [r if isinstance(r, dict) else {"value": r} for r in records]
+    typed = bool(records) and all(isinstance(r.get("type"), str) for r in records)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(f"{rel}:{r['type']}" if typed else rel, []).append(r)
+    for table, group in groups.items():
+        natural = next((f for f in ("name", "id") if all(isinstance(r.get(f), (str, int)) and not isinstance(
+            r.get(f), bool) for r in group) and len({r[f] for r in group}) == len(group)), None)
+        fields = sorted({f for r in group for f in r if f != "type"})
+        if natural is not None:
+            key_fields = ["type", natural] if typed else [natural]
+        elif all(_scalar(v) for r in group for v in r.values()):
+            key_fields = fields
+        else:
+            key_fields = []
+        out: dict[str, dict[str, Any]] = {}
+        for r in sorted(group, key=lambda r: json.dumps(r, sort_keys=True, default=str)):
+            if key_fields:
+                key = "|".join("" if r.get(f) is None else str(r.get(f)) for f in key_fields)
+            else:
+                key = hashlib.sha256(json.dumps(r, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+            unique, n = key, 1
+            while unique in out:
+                n += 1
+                unique = f"{key}#{n}"
+            out[unique] = r
+        rows[table] = out
+        keys[table] = key_fields if natural is not None and len(key_fields) > 1 else []
+        kind = table.rsplit(":", 1)[1] if typed else ""
+        for r in group:
+            for col, value in r.items():
+                for item in value if isinstance(value, list) else [value]:
+                    if item is None or not _scalar(item) or col == "type":
+                        continue
+                    for name in {_norm(col), _norm(kind + col)}:
+                        columns.setdefault(name, {}).setdefault(table, []).append(item)
+    return True
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _quote(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+# --- tools ------------------------------------------------------------------------------------------------------
+
+
+def mcp_tool(entry: Any, *, domain: str, source: str, taken: set[str]) -> Tool:
+    """One entry of ``tools/list`` as a ``schemas.Tool``; raises ``ValueError`` naming what is wrong with it.
+
+    ``mutates``: an explicit boolean ``mutates`` wins; else, where the annotations say (``readOnlyHint`` or
+    ``destructiveHint`` a boolean), False only for ``readOnlyHint: true`` without ``destructiveHint: true``; else
+    inferred from the name (:func:`name_mutates`), recorded as ``origin["mutates_inferred"] = "name"``.
+
+    ``taken`` holds the names already given; the OpenAI-valid name gets a numeric suffix when two differ only in
+    characters OpenAI does not allow.
+    """
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        raise ValueError(f"a tools/list entry without a name: {_clip(json.dumps(entry, default=str))}")
+    original = entry["name"]
+    schema = entry.get("inputSchema", {"type": "object"})
+    if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+        raise ValueError(f"tool {original!r}: inputSchema is not an object schema")
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"tool {original!r}: inputSchema is not a valid JSON schema: {exc.message}") from None
+    parameters = {**schema, "type": "object", "properties": dict(schema.get("properties") or {})}
+    output = entry.get("outputSchema")
+    annotations = entry.get("annotations") if isinstance(entry.get("annotations"), dict) else {}
+    # As the catalog's MCP reader decides (generators.catalog, which envs may not import); where the server says
+    # nothing, the name's first word decides (read_query, list_tables: reads; write_query, append_insight: writes),
+    # and the execution checks it (a call to a read-only tool that changes the state is caught: MCPEnvironment).
+    inferred = None
+    if isinstance(entry.get("mutates"), bool):
+        mutates = entry["mutates"]
+    elif isinstance(annotations.get("readOnlyHint"), bool) or isinstance(annotations.get("destructiveHint"), bool):
+        mutates = annotations.get("readOnlyHint") is not True or annotations.get("destructiveHint") is True
+    else:
+        mutates, inferred = name_mutates(original), "name"
+    name = re.sub(r"[^a-zA-Z0-9_-]", "_", original)[:64]
+    base, n = name, 1
+    while name in taken:
+        n += 1
+        name = f"{base[:60]}_{n}"
+    taken.add(name)
+    description = entry.get("description") if isinstance(entry.get("description"), str) else ""
+    return Tool(name=name, description=description or entry.get("title") or original, parameters=parameters,
+                domain=domain, returns=output if isinstance(output, dict) else None, source=source,
+                implementation=None, mutates=mutates,
+                origin={"kind": "mcp", "name": original, "annotations": annotations,
+                        **({"mutates_inferred": inferred} if inferred else {})})
+
+
+READ_VERBS = frozenset({"read", "list", "get", "describe", "search", "find", "query", "open", "fetch", "show",
+                        "count"})
+"""First words of tool names taken to only read, where a server declares no ``readOnlyHint``."""
+
+
+def name_mutates(name: str) -> bool:
+    """Whether a tool named ``name`` is taken to write, from its first word: ``read_query``, ``listTables``,
+    ``get-file`` read; anything else (``write_query``, ``create_table``, ``append_insight``, ``run``) writes."""
+    words = re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+", name.rsplit("/", 1)[-1].rsplit(".", 1)[-1])
+    return not words or words[0].lower() not in READ_VERBS
+
+
+def _result(result: Any) -> tuple[Any, str | None]:
+    """A ``tools/call`` result as ``(value, error)``: structured content, else the text parsed as JSON, else text."""
+    if not isinstance(result, dict):
+        return None, f"the server answered tools/call with {_clip(json.dumps(result, default=str))}"
+    content = result.get("content") if isinstance(result.get("content"), list) else []
+    texts = [c["text"] for c in content
+             if isinstance(c, dict) and c.get("type") == "text" and isinstance(c.get("text"), str)]
+    text = "\n".join(texts)
+    if result.get("isError"):
+        return None, text or "the tool reported an error without a message"
+    if result.get("structuredContent") is not None:
+        return result["structuredContent"], None
+    if texts:
+        try:
+            return json.loads(text, parse_constant=_no_constant), None
+        except ValueError:
+            return _python_literal(text), None
+    return content or None, None
+
+
+def _python_literal(text: str) -> Any:
+    """``str()`` of a list or dict (what many Python servers send: mcp-server-sqlite's ``[{'n': 40}]``) as that
+    value, where it is one and nothing but literals; otherwise the text itself."""
+    stripped = text.strip()
+    if len(stripped) > 1_000_000 or stripped[:1] not in ("[", "{"):
+        return text
+    try:
+        value = ast.literal_eval(stripped)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+    try:  # only what JSON can carry survives (no sets, tuples as lists, no bytes or complex numbers)
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError, RecursionError):
+        return text
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(name)
+
+
+# --- sources and environments -----------------------------------------------------------------------------------
+
+
+def server_home() -> Path:
+    """Where ``scripts/mcp-servers.sh`` puts one venv per reference server (``$SYNTHLOOP_MCP_HOME`` overrides);
+    a bare command is looked up there first, the newest version first."""
+    return Path(os.environ.get("SYNTHLOOP_MCP_HOME") or Path.home() / ".cache" / "synthloop" / "mcp")
+
+
+def _find_executable(name: str) -> str | None:
+    if "/" in name:
+        return os.path.abspath(name) if os.path.isfile(name) else None
+    for candidate in sorted(glob.glob(str(server_home() / "*" / "bin" / name)), reverse=True):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which(name)
+
+
+def _link_chain(path: str) -> list[str]:
+    """Every path a symlink chain passes through (``venv/bin/python`` → ``…/python3`` → ``…/python3.11``)."""
+    chain = [os.path.abspath(path)]
+    while os.path.islink(chain[-1]) and len(chain) < 40:
+        chain.append(os.path.normpath(os.path.join(os.path.dirname(chain[-1]), os.readlink(chain[-1]))))
+    return chain
+
+
+def _venv_of(path: str) -> str | None:
+    folder = os.path.dirname(os.path.abspath(path))
+    for up in (folder, os.path.dirname(folder)):
+        if os.path.isfile(os.path.join(up, "pyvenv.cfg")):
+            return up
+    return None
+
+
+class MCPServer:
+    """An MCP server command as an environment source: ``open(seed)`` starts one environment instance.
+
+    Args:
+        command: The server's command line; ``{workdir}`` stands for the instance's working copy
+            (e.g. ``"mcp-server-sqlite --db-path {workdir}/retail.db"``). A bare program name is looked up in the
+            reference servers' venvs (``scripts/mcp-servers.sh``), then on ``PATH``.
+        state: A folder copied (at this call) as every instance's initial working copy; none: an empty one.
+        name: The domain name tasks carry (default: the program's name, e.g. ``mcp_server_sqlite``).
+        seed: The seed the initial folder was made with (0 where it was not generated).
+        read_only: More host paths the server must see (read-only); its venv and libraries are found by itself.
+        env: Environment variables for the server (it starts with an empty environment); ``{workdir}`` in a value
+            stands for the working copy (``{"MEMORY_FILE_PATH": "{workdir}/memory.jsonl"}``).
+        values: Argument values for parameters the state cannot supply (free-form SQL, time zones), by parameter
+            name or ``"tool.param"``; :meth:`MCPEnvironment.candidates` offers them where the state has none.
+        limits: Resource limits of each server process.
+        call_timeout: Seconds a ``tools/call`` may take before the server is killed.
+        start_timeout: Seconds the server may take to answer ``initialize``.
+        propose: ``propose(tool, path, leaves_so_far, env, variant) -> value | None`` for the leaves of array and
+            object parameters (``entities[].name``), which ``generators.tasks`` binds through
+            :meth:`MCPEnvironment.candidates` and never proposes itself; pass the same function as to
+            ``sample_tasks``.
+        check_reads: Hash the state around each call to a tool taken to be read-only, and count (and from then
+            on treat as writing) one that changed it (``undeclared_writes``).
+    """
+
+    def __init__(self, command: str, *, state: str | os.PathLike | None = None, name: str | None = None,
+                 seed: int = 0, read_only: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 values: dict[str, list[Any]] | None = None, limits: Limits = SERVER_LIMITS,
+                 call_timeout: float = 30.0, start_timeout: float = 60.0, propose: Any = None,
+                 check_reads: bool = True):
+        try:
+            template = shlex.split(command)
+        except ValueError as exc:
+            raise MCPError(f"MCP server `{command}`: cannot parse the command: {exc}") from None
+        if not template:
+            raise MCPError("MCP server command is empty")
+        self.command = command
+        executable = _find_executable(template[0])
+        if executable is None:
+            raise MCPError(f"MCP server `{command}`: {template[0]!r} is not found (looked in {server_home()}/*/bin and "
+                           "on PATH; `sh scripts/mcp-servers.sh` installs the reference servers)")
+        if state is not None and not os.path.isdir(state):
+            raise MCPError(f"MCP server `{command}`: state {os.fspath(state)!r} is not a folder")
+        self.argv, visible = self._launch(executable, template[1:])
+        self.read_only = tuple(dict.fromkeys((*visible, *read_only)))
+        self.env = (("PATH", "/usr/bin:/bin"), ("TZ", "UTC"), ("PYTHONDONTWRITEBYTECODE", "1"),
+                    *sorted((env or {}).items()))
+        self.values = {k: list(v) for k, v in (values or {}).items()}
+        self.propose = propose
+        self.check_reads = check_reads
+        self.limits = limits
+        self.call_timeout = call_timeout
+        self.start_timeout = start_timeout
+        self.seed = seed
+        self.initial = _pack(state)
+        self.name = name or re.sub(r"[^a-z0-9]+", "_", Path(template[0]).name.lower()).strip("_") or "mcp"
+        self.domain = MCPDomain(self.name, f"Tools of the MCP server `{command}`.")
+        self.specs: dict[str, ToolSpec] | None = None
+        self.skipped: list[tuple[str, str]] = []
+        self.undeclared_writes: collections.Counter[str] = collections.Counter()
+        """Calls to tools taken to be read-only that changed the state, per tool (see ``_wrote_while_read_only``)."""
+        self.server_info: dict[str, Any] = {}
+
+    @staticmethod
+    def _launch(executable: str, args: list[str]) -> tuple[list[str], list[str]]:
+        """The argv run inside (a script is run through its interpreter) and the host paths it needs to see."""
+        with open(executable, "rb") as f:
+            head = f.read(256)
+        visible = [executable]
+        argv = [executable, *args]
+        if head.startswith(b"#!"):
+            words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+            if words and os.path.basename(words[0]) == "env" and len(words) > 1:
+                words = [shutil.which(words[1]) or words[1], *words[2:]]
+            if not words or not os.path.isfile(words[0]):
+                raise MCPError(f"MCP server `{executable}`: its interpreter {words[:1]} is not found")
+            argv = [*words, executable, *args]
+            visible += [words[0], *binary_closure(os.path.realpath(words[0]))]
+            # a script from an npm install (bin/x → node_modules/pkg/dist/index.js): the links to it and the whole
+            # node_modules tree it imports from, read-only
+            visible += _link_chain(executable)
+            real = os.path.realpath(executable)
+            parts = real.split(os.sep)
+            if "node_modules" in parts:
+                visible.append(os.sep.join(parts[:parts.index("node_modules") + 1]))
+        else:
+            visible += binary_closure(executable)
+        venv = _venv_of(argv[0])
+        if venv is not None:
+            # the venv is bound whole; what its links point to outside it is exposed link by link
+            inside = lambda p: p == venv or p.startswith(venv + "/")  # noqa: E731
+            visible = [p for p in visible if not inside(p)] + [venv]
+            visible += [p for p in _link_chain(argv[0]) if not inside(p)]
+            base = os.path.realpath(argv[0])
+            if base != python_executable():  # a venv on another interpreter: its standard library too
+                prefix = os.path.dirname(os.path.dirname(base))
+                visible += glob.glob(os.path.join(prefix, "lib", "python3*"))
+            prefix = os.path.dirname(os.path.dirname(base))
+            extensions = (*glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "**", "*.so*"),
+                                     recursive=True),
+                          *glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so")))
+            for so in extensions:
+                with contextlib.suppress(SandboxUnavailable):  # an extension module that cannot load here anyway
+                    visible += binary_closure(so)[1:]
+        return argv, visible
+
+    def open(self, seed: int | None = None) -> MCPEnvironment:
+        """A new environment instance (a server process on a fresh copy of the initial working folder)."""
+        return MCPEnvironment(self, self.initial, self.seed if seed is None else seed)
+
+    def close(self) -> None:
+        """Nothing to stop: each environment owns its process and is closed by its user."""
+
+    def spec(self, workdir: str) -> Spec:
+        argv = tuple(a.replace("{workdir}", WORKDIR) for a in self.argv)
+        env = tuple((k, v.replace("{workdir}", WORKDIR)) for k, v in self.env)
+        return Spec(argv=argv, policy=SERVER, limits=self.limits, read_only=self.read_only, env=env,
+                    writable=((workdir, WORKDIR),))
+
+    def _wrote_while_read_only(self, name: str) -> None:
+        """A tool taken to be read-only changed the state: counted, and from now on it writes.
+
+        The call itself stands (its result is what the server answered; the state is what it made), but every
+        environment of this source treats the tool as writing from then on (its spec's ``mutates`` is set, with
+        ``origin["mutates_observed"]``), so no later plan relies on it to read, and ``undeclared_writes`` counts
+        such calls per tool for the run's report.
+        """
+        self.undeclared_writes[name] += 1
+        spec = self.specs[name]
+        if not spec.mutates:
+            record = dataclasses.replace(spec.record, mutates=True,
+                                         origin={**spec.record.origin, "mutates_observed": True})
+            self.specs[name] = dataclasses.replace(spec, record=record)
+
+    def _learn_tools(self, server: _Server) -> dict[str, ToolSpec]:
+        if self.specs is not None:
+            return self.specs
+        entries, cursor = [], None
+        for _ in range(100):
+            try:
+                page = server.request("tools/list", {"cursor": cursor} if cursor else {}, self.call_timeout)
+            except _Dead as exc:
+                raise MCPError(f"MCP server `{self.command}` failed on tools/list: "
+                               f"{exc}{server.stderr_tail()}") from None
+            except _RPCError as exc:
+                raise MCPError(f"MCP server `{self.command}` refused tools/list: {exc}") from None
+            if not isinstance(page, dict) or not isinstance(page.get("tools"), list):
+                raise MCPError(f"MCP server `{self.command}` answered tools/list without a tools list")
+            entries += page["tools"]
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        taken: set[str] = set()
+        specs = {}
+        for entry in entries:
+            try:
+                record = mcp_tool(entry, domain=self.name, source=f"mcp:{self.command}", taken=taken)
+            except ValueError as exc:
+                self.skipped.append((str(entry.get("name") if isinstance(entry, dict) else entry), str(exc)))
+                continue
+            specs[record.name] = ToolSpec.described(record, method=record.origin["name"])
+        info = server.info.get("serverInfo") if isinstance(server.info.get("serverInfo"), dict) else {}
+        self.server_info = info
+        label = " ".join(str(info[k]) for k in ("name", "version") if info.get(k)) or self.command
+        instructions = server.info.get("instructions")
+        self.domain = MCPDomain(self.name, f"Tools of the MCP server {label}."
+                                + (f" {_clip(instructions, 500)}" if isinstance(instructions, str) else ""))
+        self.specs = specs
+        return specs
+
+
+def mcp_source(command: str, *, state: str | os.PathLike | None = None, name: str | None = None,
+               **options: Any) -> MCPServer:
+    """An MCP server command as an environment source (see :class:`MCPServer` for the options)."""
+    return MCPServer(command, state=state, name=name, **options)
+
+
+class _Holder:
+    """What an environment owns outside Python (its process and working folder), for the finaliser."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.server: _Server | None = None
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def release(self) -> None:
+        self.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class MCPEnvironment:
+    """One instance of an MCP server: its process, inside the sandbox, on its own working copy of the state.
+
+    Implements ``envs.base.ToolEnvironment``. Use it as a context manager, or call :meth:`close`; an instance that
+    is dropped or left at interpreter exit is closed by its finaliser, and bubblewrap's ``--die-with-parent``
+    takes the server down with a caller that is killed.
+    """
+
+    def __init__(self, source: MCPServer, initial: bytes, seed: int):
+        self.source = source
+        self.seed = seed
+        self.initial = initial
+        self._holder = _Holder(tempfile.mkdtemp(prefix="synthloop-mcp-"))
+        self._finalizer = weakref.finalize(self, _Holder.release, self._holder)
+        self._state: _State | None = None
+        try:
+            _unpack(initial, self.workdir)
+            self._start()
+            self.specs = source._learn_tools(self._holder.server)
+        except BaseException:
+            self._finalizer()
+            raise
+        self.domain_cls = source.domain
+        self._validators = {n: argument_validator(s.record.parameters) for n, s in self.specs.items()}
+        self._integer_params = {
+            n: {p: isinstance(ps, dict) and ps.get("type") in ("integer", ["integer", "null"])
+                for p, ps in s.record.parameters["properties"].items()}
+            for n, s in self.specs.items()
+        }
+
+    @property
+    def workdir(self) -> str:
+        """The host folder holding this instance's working copy (bound at ``/sandbox/state`` inside)."""
+        return self._holder.workdir
+
+    @property
+    def pid(self) -> int | None:
+        """bubblewrap's pid for the running server (its process group holds the whole sandbox), or None."""
+        server = self._holder.server
+        return server.proc.pid if server is not None and not server.dead else None
+
+    def _start(self) -> None:
+        self._holder.stop()
+        self._holder.server = _Server(self.source.command, self.source.spec(self.workdir), self.source.start_timeout)
+        self._state = None
+
+    def __enter__(self) -> MCPEnvironment:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kills the server and removes the working copy; idempotent."""
+        self._finalizer()
+
+    @cached_property
+    def initial_state_hash(self) -> str:
+        with tempfile.TemporaryDirectory(prefix="synthloop-mcp-hash-") as tmp:
+            _unpack(self.initial, tmp)
+            return _hash(_folder_state(tmp).rows)
+
+    def fork(self) -> MCPEnvironment:
+        """A new server process on a fresh copy of this environment's *initial* working folder."""
+        return MCPEnvironment(self.source, self.initial, self.seed)
+
+    def at(self, snapshot: bytes) -> MCPEnvironment:
+        """A new server process whose initial working folder is ``snapshot``; this one is left as it is."""
+        return MCPEnvironment(self.source, snapshot, self.seed)
+
+    # state ---------------------------------------------------------------------------------------------------
+    def _current(self) -> _State:
+        if self._state is None:
+            self._state = _folder_state(self.workdir)
+        return self._state
+
+    def snapshot(self) -> bytes:
+        """The working folder as tar bytes (taken between calls, when the server has committed its writes)."""
+        return _pack(self.workdir)
+
+    def restore(self, data: bytes) -> None:
+        """Replaces the working folder with ``data`` and restarts the server on it."""
+        self._holder.stop()
+        for entry in os.listdir(self.workdir):
+            path = os.path.join(self.workdir, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        _unpack(data, self.workdir)
+        self._start()
+
+    def tables(self) -> list[str]:
+        return sorted(self._current().rows)
+
+    def rows(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The canonical state: SQLite tables (``{table: {pk: row}}``) and table ``files`` for every other file."""
+        return json.loads(json.dumps(self._current().rows, default=str))
+
+    def state_hash(self) -> str:
+        return _hash(self._current().rows)
+
+    def row_counts(self) -> dict[str, int]:
+        return {t: len(r) for t, r in self._current().rows.items()}
+
+    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
+        return diff_states(before, self.rows() if after is None else after, self._current().keys)
+
+    def foreign_keys(self) -> list[tuple[str, str]]:
+        return list(self._current().foreign_keys)
+
+    # execution -----------------------------------------------------------------------------------------------
+    def call(self, call: Any) -> tuple[Any, str | None]:
+        name, args, problem = parse_call(call)
+        return (None, problem) if problem else self.execute(name, args)
+
+    def check_arguments(self, name: str, arguments: Any) -> str | None:
+        return argument_problem(name, arguments, self._validators)
+
+    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
+        """One ``tools/call``: ``(result, None)`` or ``(None, message)``; never raises for a bad call or a bad server.
+
+        A server that crashed, hung or spoke malformed JSON is restarted by the next call, on the same working copy.
+        """
+        problem = self.check_arguments(name, arguments)
+        if problem is not None:
+            return None, problem
+        arguments = {k: int(v) if isinstance(v, float) and v.is_integer() and self._integer_params[name].get(k) else v
+                     for k, v in arguments.items()}
+        read_only = self.source.check_reads and not self.specs[name].mutates
+        before = self.state_hash() if read_only and os.path.isdir(self.workdir) else None
+        self._state = None
+        label = f"MCP server `{self.source.command}`"
+        if not os.path.isdir(self.workdir):
+            return None, f"{label}: this environment is closed"
+        server = self._holder.server
+        if server is None or server.dead:
+            try:
+                self._start()
+            except (MCPError, SandboxUnavailable) as exc:
+                return None, f"{label} could not be restarted: {exc}"
+            server = self._holder.server
+        refused = None
+        try:
+            answer = server.request("tools/call", {"name": self.specs[name].method, "arguments": arguments},
+                                    self.source.call_timeout)
+        except _RPCError as exc:
+            refused = str(exc)
+        except _Dead as exc:
+            return None, f"{label} crashed: {exc}{server.stderr_tail()}"
+        finally:
+            self._state = None
+        if before is not None and self.state_hash() != before:  # refused or not, it changed the state
+            self.source._wrote_while_read_only(name)
+        return (None, refused) if refused is not None else _result(answer)
+
+    def candidates(self, param: str, tool: str | None = None) -> list[Any]:
+        """Values ``param`` can take in the current state: the distinct values of SQLite columns named like it
+        (``order_id`` ↔ ``order_id``/``orderId``), or the table names for a ``table``/``table_name`` parameter;
+        where the state has none, the source's ``values`` for ``tool.param`` or ``param``. An array or object
+        parameter of ``tool`` gets values built leaf by leaf (:meth:`_composites`)."""
+        schema = self.specs[tool].record.parameters["properties"].get(param) if tool in self.specs else None
+        if isinstance(schema, dict) and _kind(schema) in ("array", "object"):
+            return self._composites(tool, param, schema)
+        state = self._current()
+        key = _norm(param)
+        if key in ("table", "tablename") and state.sqlite_tables:
+            return sorted(set(state.sqlite_tables))
+        values: set[Any] = set()
+        for found in state.columns.get(key, {}).values():
+            values.update(found)
+        if values:
+            return sorted(values, key=lambda v: (type(v).__name__, str(v)))[:500]
+        given = self.source.values
+        return list(given.get(f"{tool}.{param}") or given.get(param) or [])
+
+    def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
+        return []
+
+    def _composites(self, tool: str, param: str, schema: dict[str, Any]) -> list[Any]:
+        """Values of an array or object parameter (``entities: [{name, entityType, observations: [str]}]``), built
+        leaf by leaf for three variants: one item per array, the required properties of each object. A leaf at
+        ``path`` (``entities[].name``, ``entityNames[]``) takes the source's ``values`` for ``tool.path`` or
+        ``path``, else what the source's ``propose`` answers (``propose(tool, path, leaves_so_far, env, variant)``,
+        the signature ``generators.tasks`` uses), else the state's values of a column named like its last part
+        (``entityName`` ↔ ``name`` of ``…:entity`` records; ``entityNames[]`` ↔ the same, singular), else its
+        enum. None of them: no value (the parameter cannot be bound)."""
+        out: list[Any] = []
+        for variant in range(3):
+            value = self._compose(tool, param, schema, {}, variant, 0)
+            if value is not None and value not in out:
+                out.append(value)
+        return out
+
+    def _compose(self, tool: str, path: str, schema: dict[str, Any], leaves: dict[str, Any], variant: int,
+                 depth: int) -> Any:
+        kind = _kind(schema)
+        if depth > 6:
+            return None
+        if kind == "object":
+            value = {}
+            properties = schema.get("properties") or {}
+            for prop in schema.get("required") or []:
+                sub = properties.get(prop)
+                found = self._compose(tool, f"{path}.{prop}", sub if isinstance(sub, dict) else {}, leaves,
+                                      variant, depth + 1)
+                if found is None:
+                    return None
+                value[prop] = found
+            return value
+        if kind == "array":
+            items = schema.get("items")
+            found = self._compose(tool, f"{path}[]", items if isinstance(items, dict) else {}, leaves, variant,
+                                  depth + 1)
+            return None if found is None else [found]
+        given = self.source.values.get(f"{tool}.{path}") or self.source.values.get(path)
+        value = given[variant % len(given)] if given else None
+        if value is None and self.source.propose is not None:
+            value = self.source.propose(tool, path, dict(leaves), self, variant)
+        if value is None:
+            last = _norm(re.split(r"[.\[\]]+", path.rstrip("[]"))[-1])
+            state = self._current().columns
+            found = state.get(last) or (state.get(last[:-1]) if last.endswith("s") else None) or {}
+            pool = sorted({v for vs in found.values() for v in vs}, key=lambda v: (type(v).__name__, str(v)))
+            pool = [v for v in pool if kind in (None, "string") and isinstance(v, str)
+                    or kind in ("integer", "number") and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            value = pool[variant % len(pool)] if pool else None
+        if value is None and isinstance(schema.get("enum"), list) and schema["enum"]:
+            value = schema["enum"][variant % len(schema["enum"])]
+        if value is not None:
+            leaves[path] = value
+        return value
+
+
+def _kind(schema: dict[str, Any]) -> str | None:
+    t = schema.get("type")
+    return next((x for x in t if x != "null"), None) if isinstance(t, list) else t
+
+
+def _hash(rows: dict[str, Any]) -> str:
+    blob = json.dumps(rows, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
