@@ -1015,7 +1015,7 @@ def _build_specs(name: str, cls_name: str, ops: list[Operation]) -> tuple[dict[s
                              and _norm(a) not in ("datecreated", "dateupdated", "attributes")),
                             key=lambda a: ("enum" not in (props.get(a) or {}), a))
             optional = ranked[:want]
-        answer = {"list": "#" if r.list_key is None else None, "get": _pick_answer(r),
+        answer = {"list": "#" if r.list_key is None else f"#{r.list_key}", "get": _pick_answer(r),
                   "create": r.key_column.prop or r.key, "update": _pick_answer(r), "delete": None}[op.kind]
         record = dataclasses.replace(op.tool, domain=name, implementation=f"envs.openapi:{cls_name}.{op.tool.name}",
                                      mutates=op.kind in ("create", "update", "delete"))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envs import Environment, observation
-from generators.tasks import noun
+from generators.tasks import answer_label, answer_value, noun
 from schemas import Message, Task, Trajectory
 
 STOP = "###STOP###"
@@ -311,7 +311,6 @@ class OracleAssistant:
             data = json.loads(content)
             if "error" in data if isinstance(data, dict) else False:
                 continue
-            value = len(data) if src["field"] == "#" else data.get(src["field"])
-            label = "number of results" if src["field"] == "#" else re.sub(r"_", " ", src["field"])
+            value, label = answer_value(src["field"], data), answer_label(src["field"])
             parts.append(f"{label}: {value}")
         return "All done. " + ("Here is what you asked for: " + "; ".join(parts) + "." if parts else "")

@@ -99,7 +99,7 @@ class PlanSampler:
             return float(rng.randint(2, 20) * 5)
         if t == "boolean":
             return rng.random() < 0.5
-        if self.propose is not None and t in ("string", None):
+        if self.propose is not None and t in ("string", "array", "object", None):
             # free text no state supplies (a query, a message): a model proposes it, execute-first keeps it
             return self.propose(tool, param, dict(partial or {}), work, rng.randrange(3))
         return None  # free text with no source in the state: not bindable
@@ -326,15 +326,32 @@ def answer_field(spec: ToolSpec, result: Any) -> str | None:
     scalars = [k for k, v in result.items() if isinstance(v, (str, int, float)) and not isinstance(v, bool)
                and v != ""]
     lowered = {k.lower(): k for k in scalars}
-    return next((lowered[f] for f in AUTO_ANSWER_FIELDS if f in lowered), scalars[0] if scalars else None)
+    if scalars:
+        return next((lowered[f] for f in AUTO_ANSWER_FIELDS if f in lowered), scalars[0])
+    lists = [k for k, v in result.items() if isinstance(v, list)]
+    return f"#{lists[0]}" if len(lists) == 1 else None  # {"conversations": [...], "meta": {...}}: how many
 
 
-def _answer(field: str | None, result: Any) -> Any:
+def answer_value(field: str | None, result: Any) -> Any:
+    """The answer a result gives for an answer field: a field's value, ``"#"`` a list's length, ``"#key"`` the
+    length of the list under ``key`` (a wrapped list result)."""
     if field == "#":
         return len(result) if isinstance(result, list) else None
+    if field and field.startswith("#") and isinstance(result, dict):
+        inner = result.get(field[1:])
+        return len(inner) if isinstance(inner, list) else None
     if field and isinstance(result, dict):
         return result.get(field)
     return None
+
+
+def answer_label(field: str) -> str:
+    """How a request or a report names an answer field."""
+    if field == "#":
+        return "number of results"
+    if field.startswith("#"):
+        return f"number of {field[1:].replace('_', ' ')}"
+    return field.replace("_", " ")
 
 
 def build_task(
@@ -387,7 +404,7 @@ def build_task(
         if s.id in children:
             continue
         field = answer_field(specs[s.tool], s.result)
-        value = _answer(field, s.result)
+        value = answer_value(field, s.result)
         if value is not None and not isinstance(value, (dict, list)):
             answers.append(value)
             sources.append({"step": s.id, "field": field})
@@ -420,7 +437,8 @@ def build_task(
     asks = []
     for src in sources:
         k = index[src["step"]] + 1
-        asks.append(f"how many results step {k} returned" if src["field"] == "#" else f"the {src['field'].replace('_', ' ')} from step {k}")
+        asks.append(f"how many results step {k} returned" if src["field"] == "#" else
+                    f"the {answer_label(src['field'])} from step {k}")
     # constraints: a state-changing tool the plan never needs is off limits, and the call budget is bounded
     used = {s.tool for s in steps}
     forbidden = sorted(t for t, sp in specs.items() if sp.mutates and t not in used)
