@@ -590,7 +590,8 @@ def _finish(out_dir: Path, model: Any, tokenizer: Any, settings: GRPOSettings, s
     merged = merged.to("cpu")
     merged.save_pretrained(str(final))
     tokenizer.save_pretrained(str(final))
-    kept = [h for h in history if h["groups"] > h["groups_dropped"]]
+    # a step whose conversations were all cut at max_length has groups but no token to learn from
+    kept = [h for h in history if h.get("updated")]
     manifest = {
         "stage": "grpo", "base": start, "adapter": "full", "trained_adapter": settings.adapter, "split": used_split,
         "pool": pool, "steps": len(history), "resumed_from": resumed_from, "weights_digest": weights_digest(merged),
