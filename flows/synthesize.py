@@ -65,9 +65,11 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
     """Run totals from the batch markers, so a resumed run reports the whole run, not just what it redid."""
     batches = corpus.batch_summaries(config.run_id, STAGE)
     catalog = corpus.connect()
+    # graph edges are tool pairs; tool_edges has a row per binding of a pair
     tools_total, edges_total = (
-        catalog.execute(f"SELECT count(*) FROM {t} WHERE run = ?", [config.run_id]).fetchone()[0]
-        if t in corpus.tables() else 0 for t in ("tools", "tool_edges"))
+        catalog.execute(f"SELECT count(DISTINCT {what}) FROM {t} WHERE run = ?", [config.run_id]).fetchone()[0]
+        if t in corpus.tables() else 0
+        for t, what in (("tools", "(domain, name)"), ("tool_edges", "(domain, src, dst)")))
     coverage = Coverage(tools_total=tools_total, edges_total=edges_total)
     totals: dict[str, Any] = {k: 0 for k in ("tasks", "accepted", "rejected", "trajectories", "verifications",
                                                "sample_failures", "user_leaks")}
