@@ -56,7 +56,8 @@ def require_corpus(path: str):
     return Corpus(path)
 
 
-def _load_config(args: argparse.Namespace):
+def synthesize_config(args: argparse.Namespace):
+    """The SynthesizeConfig of a command line: --config, then the options over it (serve uses it too)."""
     from generators.config import SynthesizeConfig
 
     data = read_config_file(args.config)
@@ -95,7 +96,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     from generators.embedded import EmbeddedModelError
     from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
 
-    config = _load_config(args)
+    config = synthesize_config(args)
     with prefect_api(args.port):
         from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
         console_without_tracebacks()
@@ -297,7 +298,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from flows.serve import serve_deployments
 
         print(f"Serving deployments against {api_url}; open the UI at {api_url.removesuffix('/api')}", flush=True)
-        serve_deployments(cron=args.cron, corpus_root=args.corpus, config=_load_config(args))
+        serve_deployments(cron=args.cron, corpus_root=args.corpus, config=synthesize_config(args))
     return 0
 
 

@@ -16,6 +16,7 @@ after it (sampler, task builder, controls, verifiers, agents, curation, training
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 import re
@@ -49,8 +50,8 @@ class SourceError(RuntimeError):
     """A user's source cannot be opened; the message names the source and what to fix."""
 
 
-class Source:
-    """One environment source of a run.
+class Source(abc.ABC):
+    """One environment source of a run (each kind below implements ``open``, ``specs`` and ``graph``).
 
     Attributes:
         name: The domain name tasks carry.
@@ -63,15 +64,15 @@ class Source:
     ref: str
     simulated: bool = False  # tools played by a model: tasks are labelled, verification proves less
 
-    def open(self, seed: int) -> ToolEnvironment:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def open(self, seed: int) -> ToolEnvironment: ...
 
     @property
-    def specs(self) -> dict[str, ToolSpec]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def specs(self) -> dict[str, ToolSpec]: ...
 
-    def graph(self) -> ToolGraph:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def graph(self) -> ToolGraph: ...
 
     def report(self) -> dict[str, Any]:
         """What the source contributed: tools, and for imports what was skipped and why."""

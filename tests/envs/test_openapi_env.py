@@ -18,6 +18,7 @@ Specified here, on petstore, petstore-expanded and Twilio's conversations_v1 rea
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import time
@@ -46,7 +47,7 @@ EXPANDED = CATALOGS / "oai" / "petstore-expanded.yaml"
 TWILIO = CATALOGS / "twilio" / "twilio_conversations_v1.json"
 SPECS = {"petstore": PETSTORE, "petstore_expanded": EXPANDED, "twilio_conversations_v1": TWILIO}
 
-pytestmark = pytest.mark.skipif(not TWILIO.exists(), reason="../shared/catalogs is not checked out next to the project")
+pytestmark = pytest.mark.skipif(not TWILIO.exists() and not os.environ.get("CI"), reason="../shared/catalogs is not checked out next to the project")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from envs import Environment
-from flows.cli import _load_config, _Parser, main  # noqa: F401  (main builds the parser the test reads)
+from flows.cli import main, synthesize_config
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.sources import Environments, SourceError, content_hash, domain_names, open_sources, source_name
 
@@ -79,7 +79,7 @@ def test_the_cli_turns_catalog_mcp_and_env_options_into_sources(tmp_path):
     parsed = {}
 
     def capture(args):
-        parsed["config"] = _load_config(args)
+        parsed["config"] = synthesize_config(args)
         return 0
 
     import flows.cli as cli
