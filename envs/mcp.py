@@ -57,11 +57,13 @@ import shlex
 import shutil
 import sqlite3
 import stat
+import struct
 import subprocess
 import tarfile
 import tempfile
 import threading
 import time
+import urllib.parse
 import weakref
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -71,9 +73,20 @@ from typing import Any
 import jsonschema
 
 from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
-from sandbox.boundary import SERVER, Limits, SandboxUnavailable, Spec, binary_closure, python_executable, sandboxed
+from sandbox.boundary import (
+    SERVER,
+    SERVER_ON_LOOPBACK,
+    SERVER_WITH_PROGRAMS,
+    Limits,
+    SandboxUnavailable,
+    Spec,
+    binary_closure,
+    python_executable,
+    sandboxed,
+)
 from schemas import Tool
 
+_RELAY = Path(__file__).with_name("mcp_relay.py")
 WORKDIR = "/sandbox/state"
 """Where the environment's working copy appears inside the sandbox; ``{workdir}`` in a command stands for it."""
 PROTOCOL_VERSION = "2025-06-18"
@@ -89,6 +102,10 @@ _SQLITE_SIDE = ("-journal", "-wal", "-shm")
 _JSON_SUFFIXES = (".jsonl", ".ndjson", ".json")
 MAX_JSON_STATE = 64 << 20
 """A JSON(-lines) file larger than this is state by its hash (table ``files``), not record by record."""
+_GIT_DEFAULTS = {"GIT_AUTHOR_NAME": "synthloop", "GIT_AUTHOR_EMAIL": "synthloop@localhost",
+                 "GIT_COMMITTER_NAME": "synthloop", "GIT_COMMITTER_EMAIL": "synthloop@localhost",
+                 "GIT_AUTHOR_DATE": "2026-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00+0000",
+                 "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 _SIGNALS = {9: "SIGKILL (killed)", 24: "SIGXCPU (CPU limit)", 25: "SIGXFSZ (file size limit)",
             31: "SIGSYS (a system call the sandbox forbids)", 11: "SIGSEGV", 6: "SIGABRT"}
 
@@ -354,6 +371,8 @@ def _folder_state(root: str) -> _State:
     for rel in paths:
         if rel in kinds or rel in side:
             continue
+        if _git_tables(root, rel, rows, keys):
+            continue
         if rel.lower().endswith(_JSON_SUFFIXES) and _json_tables(root, rel, rows, keys, columns):
             continue
         full = os.path.join(root, rel)
@@ -405,6 +424,72 @@ def _folder_state(root: str) -> _State:
         rows["files"] = dict(sorted(files.items()))
         keys["files"] = ["path"]
     return _State(rows, keys, sorted(fks), columns, sqlite_tables)
+
+
+_GIT_INDEX_ENTRY = struct.Struct(">10I20sH")  # ctime, mtime (s, ns), dev, ino, mode, uid, gid, size; sha; flags
+
+
+def _git_index(data: bytes) -> dict[str, dict[str, Any]] | None:
+    """What a git index (versions 2 and 3) stages: path → mode and blob, without the stat data (inode, times) that
+    differs between two copies of one repository. None for anything else (version 4, damaged)."""
+    if len(data) < 12 or data[:4] != b"DIRC":
+        return None
+    version, count = struct.unpack_from(">II", data, 4)
+    if version not in (2, 3):
+        return None
+    out, pos = {}, 12
+    try:
+        for _ in range(count):
+            *_, mode, _uid, _gid, _size, sha, flags = _GIT_INDEX_ENTRY.unpack_from(data, pos)
+            head = _GIT_INDEX_ENTRY.size + (2 if version == 3 and flags & 0x4000 else 0)
+            end = data.index(b"\0", pos + head)
+            path = data[pos + head:end].decode("utf-8", "replace")
+            out[path] = {"path": path, "mode": f"{mode:o}", "blob": sha.hex(), "stage": (flags >> 12) & 3}
+            pos += (head + len(path.encode()) + 8) & ~7  # entries are NUL-padded to a multiple of 8 bytes
+    except (struct.error, ValueError):
+        return None
+    return out
+
+
+def _git_tables(root: str, rel: str, rows: dict, keys: dict) -> bool:
+    """A repository's index and refs as tables ``git_index`` (path → mode, blob) and ``git_refs`` (ref → target),
+    prefixed by the repository's folder where it is not the root; its reflogs left out (True: not state); False for
+    any other file (kept by content: objects are content-addressed, so equal histories give equal files)."""
+    parts = rel.split("/")
+    if ".git" not in parts:
+        return False
+    at = parts.index(".git")
+    repo, inner = "/".join(parts[:at]), "/".join(parts[at + 1:])
+    prefix = f"{repo}:" if repo else ""
+    if inner.startswith("logs/"):  # reflogs: when refs moved, by the wall clock (GitPython ignores GIT_*_DATE)
+        return True
+    full = os.path.join(root, rel)
+    if not stat.S_ISREG(os.lstat(full).st_mode) or os.path.getsize(full) > MAX_JSON_STATE:
+        return False
+    with open(full, "rb") as f:
+        data = f.read()
+    if inner == "index":
+        entries = _git_index(data)
+        if entries is None:
+            return False
+        rows[f"{prefix}git_index"] = dict(sorted(entries.items()))
+        keys[f"{prefix}git_index"] = ["path"]
+        return True
+    table = rows.setdefault(f"{prefix}git_refs", {})
+    keys[f"{prefix}git_refs"] = ["ref"]
+    if inner == "HEAD" or inner.startswith("refs/"):  # a loose ref overrides its packed copy
+        table[inner] = {"ref": inner, "target": data.decode("utf-8", "replace").strip()}
+    elif inner == "packed-refs":
+        for line in data.decode("utf-8", "replace").splitlines():
+            target, _, name = line.partition(" ")
+            if name and not line.startswith(("#", "^")):
+                table.setdefault(name, {"ref": name, "target": target})
+    else:
+        if not table:
+            del rows[f"{prefix}git_refs"], keys[f"{prefix}git_refs"]
+        return False
+    rows[f"{prefix}git_refs"] = dict(sorted(table.items()))
+    return True
 
 
 def _json_records(path: str) -> list[Any] | None:
@@ -655,13 +740,22 @@ class MCPServer:
             ``sample_tasks``.
         check_reads: Hash the state around each call to a tool taken to be read-only, and count (and from then
             on treat as writing) one that changed it (``undeclared_writes``).
+        programs: Programs the server runs per call (``("git",)`` for mcp-server-git), by name on ``PATH`` or by
+            path: each is made visible with its libraries, and the server may start processes — at most
+            ``SERVER_WITH_PROGRAMS.processes`` tasks at once, in a pids cgroup of its own. Without it the server
+            may start none (the seccomp filter kills it); where no pids cgroup can be made here, a server given
+            programs is refused.
+        http: The server speaks Streamable HTTP instead of stdio and listens on this URL inside its sandbox
+            (``"http://127.0.0.1:3001/mcp"``): a relay beside it (``envs/mcp_relay.py``, in the same sandbox)
+            starts it and carries its messages to and from stdio. The sandbox's network namespace holds nothing
+            but its own loopback, so every instance may use the same port and none is reachable from outside.
     """
 
     def __init__(self, command: str, *, state: str | os.PathLike | None = None, name: str | None = None,
                  seed: int = 0, read_only: tuple[str, ...] = (), env: dict[str, str] | None = None,
                  values: dict[str, list[Any]] | None = None, limits: Limits = SERVER_LIMITS,
                  call_timeout: float = 30.0, start_timeout: float = 60.0, propose: Any = None,
-                 check_reads: bool = True):
+                 check_reads: bool = True, programs: tuple[str, ...] = (), http: str | None = None):
         try:
             template = shlex.split(command)
         except ValueError as exc:
@@ -676,9 +770,30 @@ class MCPServer:
         if state is not None and not os.path.isdir(state):
             raise MCPError(f"MCP server `{command}`: state {os.fspath(state)!r} is not a folder")
         self.argv, visible = self._launch(executable, template[1:])
+        self.programs = tuple(programs)
+        for program in self.programs:
+            found = program if os.path.isabs(program) else shutil.which(program, path="/usr/local/bin:/usr/bin:/bin")
+            if not found or not os.path.isfile(found):
+                raise MCPError(f"MCP server `{command}`: program {program!r} is not found on /usr/local/bin:/usr/bin:/bin")
+            visible += [found, *binary_closure(os.path.realpath(found))]
+        if http is not None:
+            parsed = urllib.parse.urlsplit(http)
+            if parsed.scheme != "http" or parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
+                raise MCPError(f"MCP server `{command}`: http {http!r} must be an http:// URL on the sandbox's own "
+                               "loopback (127.0.0.1, localhost or ::1), where the server listens")
+            visible.append(str(_RELAY))
+            # the relay runs on this interpreter: the libraries its standard-library extensions load (libz…)
+            prefix = os.path.dirname(os.path.dirname(python_executable()))
+            for so in glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so")):
+                with contextlib.suppress(SandboxUnavailable):
+                    visible += binary_closure(so)[1:]
+        self.http = http
         self.read_only = tuple(dict.fromkeys((*visible, *read_only)))
-        self.env = (("PATH", "/usr/bin:/bin"), ("TZ", "UTC"), ("PYTHONDONTWRITEBYTECODE", "1"),
-                    *sorted((env or {}).items()))
+        given = dict(env or {})
+        if any(os.path.basename(p) == "git" for p in programs):
+            # the same calls must make the same commits in every copy: a fixed identity and clock, no user config
+            given = {**_GIT_DEFAULTS, **given}
+        self.env = (("PATH", "/usr/bin:/bin"), ("TZ", "UTC"), ("PYTHONDONTWRITEBYTECODE", "1"), *sorted(given.items()))
         self.values = {k: list(v) for k, v in (values or {}).items()}
         self.propose = propose
         self.check_reads = check_reads
@@ -748,7 +863,13 @@ class MCPServer:
     def spec(self, workdir: str) -> Spec:
         argv = tuple(a.replace("{workdir}", WORKDIR) for a in self.argv)
         env = tuple((k, v.replace("{workdir}", WORKDIR)) for k, v in self.env)
-        return Spec(argv=argv, policy=SERVER, limits=self.limits, read_only=self.read_only, env=env,
+        if self.http is not None:
+            # the relay gives up first, so the error says that nothing listened rather than that nothing answered
+            relay = {"url": self.http, "argv": list(argv), "start_timeout": max(1.0, 0.8 * self.start_timeout),
+                     "call_timeout": self.call_timeout}
+            return Spec(argv=(str(_RELAY), json.dumps(relay)), mode="python", policy=SERVER_ON_LOOPBACK,
+                        limits=self.limits, read_only=self.read_only, env=env, writable=((workdir, WORKDIR),))
+        return Spec(argv=argv, policy=SERVER_WITH_PROGRAMS if self.programs else SERVER, limits=self.limits, read_only=self.read_only, env=env,
                     writable=((workdir, WORKDIR),))
 
     def _wrote_while_read_only(self, name: str) -> None:
@@ -1012,7 +1133,12 @@ class MCPEnvironment:
         ``path``, else what the source's ``propose`` answers (``propose(tool, path, leaves_so_far, env, variant)``,
         the signature ``generators.tasks`` uses), else the state's values of a column named like its last part
         (``entityName`` ↔ ``name`` of ``…:entity`` records; ``entityNames[]`` ↔ the same, singular), else its
-        enum. None of them: no value (the parameter cannot be bound)."""
+        enum. None of them: no value (the parameter cannot be bound). Whole values given for ``tool.param`` or
+        ``param`` (``files: [["todo.txt"]]``) are taken as they are."""
+        given = self.source.values.get(f"{tool}.{param}") or self.source.values.get(param) or []
+        whole = [v for v in given if isinstance(v, list if _kind(schema) == "array" else dict)]
+        if whole:
+            return whole
         out: list[Any] = []
         for variant in range(3):
             value = self._compose(tool, param, schema, {}, variant, 0)

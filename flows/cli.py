@@ -66,8 +66,10 @@ def synthesize_config(args: argparse.Namespace):
         if value is not None:
             data[key] = value
     sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
-    sources += [{"kind": "mcp", "ref": ref, **({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {})}
-                for ref in getattr(args, "mcp", None) or []]
+    mcp_extra = {**({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {}),
+                 **({"programs": args.mcp_programs} if getattr(args, "mcp_programs", None) else {}),
+                 **({"http": args.mcp_http} if getattr(args, "mcp_http", None) else {})}
+    sources += [{"kind": "mcp", "ref": ref, **mcp_extra} for ref in getattr(args, "mcp", None) or []]
     sources += [{"kind": "module", "ref": ref,
                  **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
                 for ref in getattr(args, "env", None) or []]
@@ -467,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="an MCP server command over stdio, {workdir} standing for its working copy; repeatable")
         p.add_argument("--mcp-state", dest="mcp_state", metavar="DIR",
                        help="folder copied as each --mcp server's initial working copy")
+        p.add_argument("--mcp-program", dest="mcp_programs", action="append", metavar="PROGRAM",
+                       help="a program the --mcp servers run per call (git); they may then start processes, "
+                            "bounded by a pids cgroup; repeatable")
+        p.add_argument("--mcp-http", dest="mcp_http", metavar="URL",
+                       help="the --mcp servers speak Streamable HTTP on this URL inside their sandbox "
+                            "(http://127.0.0.1:3001/mcp) instead of stdio")
         p.add_argument("--env", action="append", metavar="MODULE:CLASS",
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
         p.add_argument("--env-path", dest="env_path", metavar="DIR",

@@ -9,7 +9,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
@@ -124,9 +124,14 @@ class EnvironmentSource(StrictModel):
                              "(it is read, never imported here: the domain runs in a sandboxed worker).")
     env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
                                 "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
-    values: dict[str, list[str | int | float | bool]] = Field(
+    values: dict[str, list[JsonValue]] = Field(
         default_factory=dict, description="mcp: argument values for parameters no state supplies (a SQL query, a "
-        "time zone), by parameter name or tool.param; with a model configured, it proposes such values too.")
+        "time zone, a list of files), by parameter name or tool.param; with a model configured, it proposes such "
+        "values too.")
+    programs: list[str] = Field(default_factory=list, description="mcp: programs the server runs per call (git for "
+                                "mcp-server-git); it may then start processes, bounded by a pids cgroup of its own.")
+    http: str | None = Field(None, description="mcp: the server speaks Streamable HTTP and listens on this URL "
+                             "inside its sandbox (http://127.0.0.1:PORT/mcp), reached through a relay beside it.")
     overlay: str | None = Field(None, description="catalog: a YAML/JSON file saying what non-CRUD operations do "
                                 "(or that an inferred one is wrong).")
 

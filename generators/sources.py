@@ -78,7 +78,7 @@ class Source(abc.ABC):
         """What the source contributed: tools, and for imports what was skipped and why."""
         return {"name": self.name, "kind": self.kind, "ref": self.ref, "tools": len(self.specs)}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: most sources start nothing to stop
         """Stop what the source started (a plugin worker); environments it opened are closed by their users."""
 
 
@@ -242,7 +242,8 @@ class MCPSource(_GraphFromEnvironment):
         self.name = source_name(source)
         try:
             self.server = mcp_source(source.ref, state=source.state, name=self.name, env=source.env or None,
-                                     values=source.values or None)
+                                     values=source.values or None, programs=tuple(source.programs),
+                                     http=source.http)
         except Exception as exc:
             raise SourceError(f"mcp {source.ref!r}: {exc}") from None
 

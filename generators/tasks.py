@@ -408,7 +408,12 @@ def build_task(
         if value is not None and not isinstance(value, (dict, list)):
             answers.append(value)
             sources.append({"step": s.id, "field": field})
-    if not answers:
+    expected_diff = work.diff(initial)
+    prose = all(not isinstance(s.result, (dict, list)) for s in steps if s.id not in children)
+    if not answers and not (prose and expected_diff):
+        # A server that answers in prose (mcp-server-git: "Changes committed successfully …") has no answer
+        # field: a plan of its that writes is checked by its state diff alone. Structured results without a
+        # scalar to ask about make no task, as before.
         return None
     lines: list[list[str]] = [[] for _ in range(n_requests)]
     for s in steps:
@@ -455,9 +460,8 @@ def build_task(
         head = "Hi! I need some help. " if i == 0 else "Thanks. Next: "
         text = head + " ".join(chunk)
         if i == n_requests - 1:
-            text += f" Then tell me {'; '.join(asks)}. " + " ".join(closing)
+            text += (f" Then tell me {'; '.join(asks)}. " if asks else " ") + " ".join(closing)
         requests.append(text)
-    expected_diff = work.diff(initial)
     checks: list[dict[str, Any]] = [
         {"name": "format"},
         {"name": "schema"},

@@ -8,6 +8,8 @@ from sandbox.boundary import (
     INPUT,
     ONE_SHOT,
     SERVER,
+    SERVER_ON_LOOPBACK,
+    SERVER_WITH_PROGRAMS,
     WORK,
     Availability,
     Limits,
@@ -15,11 +17,13 @@ from sandbox.boundary import (
     SandboxUnavailable,
     Spec,
     availability,
+    pids_cgroup_parent,
     python_executable,
     sandboxed,
 )
 from sandbox.oneshot import ERROR_KINDS, SandboxLimits, SandboxResult, isolation_report, run_check
 
-__all__ = ["ERROR_KINDS", "INPUT", "ONE_SHOT", "SERVER", "WORK", "Availability", "Limits", "Policy", "SandboxLimits",
-           "SandboxResult", "SandboxUnavailable", "Spec", "availability", "isolation_report", "python_executable",
+__all__ = ["ERROR_KINDS", "INPUT", "ONE_SHOT", "SERVER", "SERVER_ON_LOOPBACK", "SERVER_WITH_PROGRAMS", "WORK", "Availability", "Limits", "Policy", "SandboxLimits",
+           "SandboxResult", "SandboxUnavailable", "Spec", "availability", "isolation_report", "pids_cgroup_parent",
+           "python_executable",
            "run_check", "sandboxed"]

@@ -9,12 +9,19 @@ run as a separate process that shares no Python state with the caller, inside:
   writable place besides the host folders a caller binds read-write under `/sandbox/` (`Spec.writable`: a tool
   server's working copy of its state); no nested user namespaces; every process dies with the caller
   (`--die-with-parent`, and pid 1 of the namespace takes the rest with it);
-- **seccomp** (a libseccomp filter bubblewrap loads before it starts anything): no new processes, no ptrace,
-  no mounts, namespaces, keyrings, bpf or kernel modules, no kernel memory that no limit counts (xattrs, SysV
+- **seccomp** (a libseccomp filter bubblewrap loads before it starts anything): no new processes (unless the
+  policy allows a bounded number, see below), no ptrace,
+  no mounts, namespaces, keyrings, bpf or kernel modules, no IP sockets (a loopback policy allows them: the
+  network namespace has nothing but its own loopback), no kernel memory that no limit counts (xattrs, SysV
   IPC); one-shot checks also get no threads and no sockets, and cannot load ctypes or other native escape
   hatches (their files are not there);
 - **rlimits**: CPU seconds, address space, file size, open files (processes too for one-shot code);
-- a wall-clock kill from the caller.
+- a wall-clock kill from the caller;
+- for a server that must start programs (`mcp-server-git` runs `git` per call): cgroups of its own
+  (`sandbox.cgroups`): pids (a fork bomb stops at `pids.max`; RLIMIT_NPROC cannot do this, since root's processes
+  are exempt from it) and, where one can be made, memory for all its processes together. Where no pids cgroup
+  can be made here, such a server is refused (`SandboxUnavailable` says why); the seccomp filter still forbids
+  new processes for every other policy.
 
 The same boundary is built whether the caller is root or an ordinary user: bwrap always goes through an
 unprivileged user namespace, so root's privileges do not reach inside. Where a machine cannot provide it
@@ -38,6 +45,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from sandbox import cgroups
 
 WORK = "/sandbox/work"
 """The only writable folder inside the sandbox (a private tmpfs), and the working directory."""
@@ -102,18 +111,28 @@ class Policy:
     Attributes:
         unix_sockets: AF_UNIX sockets allowed (some runtimes use socketpairs internally); never IP sockets.
         threads: threads allowed (RLIMIT_NPROC stays unset, since the kernel counts threads as processes).
+        processes: if > 0, new processes allowed (fork, vfork, clone without namespace flags), and the sandbox
+            runs in its own pids cgroup with this many tasks (processes and threads together) at most.
+        loopback: IP sockets allowed too (TCP/UDP over IPv4/IPv6): the sandbox's network namespace has only its
+            own loopback, so they reach nothing outside it (a server talking HTTP to a relay beside it).
     """
 
     unix_sockets: bool = False
     threads: bool = False
+    processes: int = 0
+    loopback: bool = False
 
 
 ONE_SHOT = Policy()
 SERVER = Policy(unix_sockets=True, threads=True)
+SERVER_WITH_PROGRAMS = Policy(unix_sockets=True, threads=True, processes=64)
+"""A server that runs programs per call (git): up to 64 tasks at once in its pids cgroup."""
+SERVER_ON_LOOPBACK = Policy(unix_sockets=True, threads=True, processes=64, loopback=True)
+"""A Streamable HTTP server and the relay that starts it and talks to it over the sandbox's own loopback."""
 
 # Killed on sight in every policy: what escapes or weakens a sandbox, never what computation needs.
 _ALWAYS_KILL = (
-    "fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount", "umount2",
+    "ptrace", "process_vm_readv", "process_vm_writev", "unshare", "setns", "mount", "umount2",
     "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsmount", "fsconfig", "fspick", "mount_setattr",
     "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd", "kexec_load", "kexec_file_load",
     "init_module", "finit_module", "delete_module", "reboot", "swapon", "swapoff", "acct", "quotactl", "iopl",
@@ -125,7 +144,10 @@ _ALWAYS_KILL = (
 _ALWAYS_REFUSE = ("setxattr", "lsetxattr", "fsetxattr", "setxattrat", "shmget", "msgget", "semget", "mq_open",
                   "inotify_init", "inotify_init1", "fanotify_init", "statmount", "listmount", "sync", "syncfs")
 _CLONE_THREAD = 0x00010000
+# CLONE_NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET: a process may be started, never a namespace.
+_CLONE_NAMESPACES = (0x00020000, 0x02000000, 0x04000000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
 _AF_UNIX = 1
+_AF_INET6 = 10
 
 
 def _seccomp_program(policy: Policy) -> bytes:
@@ -143,15 +165,25 @@ def _seccomp_program(policy: Policy) -> bytes:
     for name in _ALWAYS_REFUSE:
         with contextlib.suppress(RuntimeError, ValueError, OSError):  # names this libseccomp does not know yet
             f.add_rule(sc.ERRNO(errno.EPERM), name)
-    if policy.threads:
-        f.add_rule(kill, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # a clone that is not a thread
-    else:  # root's processes are exempt from RLIMIT_NPROC, so threads are refused here too
-        f.add_rule(kill, "clone")
+    if policy.processes > 0:  # bounded by the pids cgroup `sandboxed` puts the sandbox in
+        for flag in _CLONE_NAMESPACES:
+            f.add_rule(kill, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    else:
+        f.add_rule(kill, "fork")
+        f.add_rule(kill, "vfork")
+        if policy.threads:
+            f.add_rule(kill, "clone", sc.Arg(0, sc.MASKED_EQ, _CLONE_THREAD, 0))  # a clone that is not a thread
+        else:  # root's processes are exempt from RLIMIT_NPROC, so threads are refused here too
+            f.add_rule(kill, "clone")
     # clone3 passes its flags in memory, where seccomp cannot look: refuse it so libc falls back to clone.
     f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")
     for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):  # bypasses seccomp for its ops
         f.add_rule(sc.ERRNO(errno.ENOSYS), name)
-    if policy.unix_sockets:
+    if policy.loopback:  # AF_UNIX, AF_INET, AF_INET6 only (no netlink, no packet sockets)
+        for family in (0, *range(3, 10)):
+            f.add_rule(kill, "socket", sc.Arg(0, sc.EQ, family))
+        f.add_rule(kill, "socket", sc.Arg(0, sc.GT, _AF_INET6))
+    elif policy.unix_sockets:
         f.add_rule(kill, "socket", sc.Arg(0, sc.NE, _AF_UNIX))
     else:
         f.add_rule(kill, "socket")
@@ -352,7 +384,7 @@ def _writable_binds(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int) -> list[str]:
+def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int, memory_cgroup: bool = False) -> list[str]:
     mapped, stdlib, purelib = _python_runtime()
     tree = _Tree()
     exe = python_executable()
@@ -379,13 +411,34 @@ def _bwrap_args(bwrap: str, spec: Spec, inputs: str, seccomp_fd: int) -> list[st
              "--size", str(spec.limits.disk_mb << 20), "--tmpfs", WORK, "--chdir", WORK]
     for host, inside in _writable_binds(spec.writable):
         args += ["--bind", host, inside]
+    # who uid 1000 is: programs that look themselves up (git's default identity, getpass) fail without it
+    for name, line in (("passwd", f"sandbox:x:1000:1000:sandbox:{WORK}:/bin/false\n"), ("group", "sandbox:x:1000:\n")):
+        path = os.path.join(inputs, f".synthloop-{name}")
+        with open(path, "w") as f:
+            f.write(line)
+        args += ["--ro-bind", path, f"/etc/{name}"]
     if spec.mode == "check":  # the payload is readable in the check's own folder, without counting against it
         args += ["--ro-bind", os.path.join(inputs, "payload.json"), f"{WORK}/payload.json"]
     args += ["--remount-ro", "/"]  # bwrap's root is itself a tmpfs, writable and uncapped unless made read-only
     for key, value in (("HOME", WORK), ("TMPDIR", WORK), ("LANG", "C.UTF-8"), *spec.env):
         args += ["--setenv", key, value]
-    launch = {"mode": spec.mode, "argv": list(spec.argv), "limits": asdict(spec.limits), "threads": spec.policy.threads, "preimports": PREIMPORTS}
+    # with a memory cgroup bounding all its processes together, the per-process address-space limit is lifted
+    limits = {**asdict(spec.limits), "memory_mb": None if memory_cgroup else spec.limits.memory_mb}
+    launch = {"mode": spec.mode, "argv": list(spec.argv), "limits": limits, "threads": spec.policy.threads,
+              "preimports": PREIMPORTS}
     return args + ["--", exe, "-I", "-S", f"{_LIB}/launcher.py", json.dumps(launch)]
+
+
+def pids_cgroup_parent() -> str:
+    """Where per-sandbox pids cgroups are made here (see `Policy.processes` and `sandbox.cgroups`).
+
+    Raises:
+        SandboxUnavailable: none can be made on this machine; the message says what would provide one.
+    """
+    try:
+        return cgroups.pids_parent()
+    except cgroups.NoCgroup as exc:
+        raise SandboxUnavailable(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -412,26 +465,37 @@ def sandboxed(spec: Spec, **popen) -> Iterator[subprocess.Popen]:
     inputs = tempfile.mkdtemp(prefix="synthloop-sandbox-")
     try:
         for name, data in spec.files:
-            if "/" in name or name in ("", ".", ".."):
+            if "/" in name or name in ("", ".", "..") or name.startswith(".synthloop-"):
                 raise ValueError(f"sandbox input file names are plain names, not {name!r}")
             with open(os.path.join(inputs, name), "wb") as f:
                 f.write(data)
-        with _filter_fd(spec.policy) as fd:
-            proc = subprocess.Popen(_bwrap_args(bwrap, spec, inputs, fd), env={}, cwd="/", start_new_session=True,
-                                    pass_fds=(fd,), **popen)
-        try:
-            yield proc
-        finally:
-            # bwrap's process group holds the namespace's pid 1; killing it takes every sandboxed process down.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
-            proc.wait()
+        with contextlib.ExitStack() as stack:
+            argv, made = [], []
+            if spec.policy.processes > 0:
+                pids_cgroup_parent()  # refused with its reason where none can be made
+                made = stack.enter_context(cgroups.groups(spec.policy.processes, spec.limits.memory_mb))
+                argv = cgroups.join_command(made)
+            with _filter_fd(spec.policy) as fd:
+                args = _bwrap_args(bwrap, spec, inputs, fd, memory_cgroup=len(made) > 1)
+                proc = subprocess.Popen(argv + args, env={}, cwd="/",
+                                        start_new_session=True, pass_fds=(fd,), **popen)
+            try:
+                yield proc
+            finally:
+                _stop(proc)
     finally:
         shutil.rmtree(inputs, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    # bwrap's process group holds the namespace's pid 1; killing it takes every sandboxed process down.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    proc.wait()
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ def fail(what):
 def apply_limits(limits, threads):
     wanted = [(resource.RLIMIT_CORE, 0, 0),
               (resource.RLIMIT_CPU, limits["cpu_seconds"], limits["cpu_seconds"] + 1),
-              (resource.RLIMIT_AS, limits["memory_mb"] << 20, limits["memory_mb"] << 20),
               (resource.RLIMIT_FSIZE, limits["file_bytes"], limits["file_bytes"]),
               (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"])]
+    if limits["memory_mb"] is not None:  # None: a memory cgroup the caller made bounds all processes together
+        wanted.append((resource.RLIMIT_AS, limits["memory_mb"] << 20, limits["memory_mb"] << 20))
     if not threads:  # the kernel counts threads as processes, so this also forbids them
         wanted.append((resource.RLIMIT_NPROC, 0, 0))
     for res, soft, hard in wanted:

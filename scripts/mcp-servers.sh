@@ -2,12 +2,13 @@
 # Reference MCP servers from PyPI (each in its own virtual environment) and npm, for tests and for `--mcp` runs.
 #
 #   sh scripts/mcp-servers.sh            # all of them
-#   sh scripts/mcp-servers.sh sqlite     # one of them (sqlite | time | git | memory)
+#   sh scripts/mcp-servers.sh sqlite     # one of them (sqlite | time | git | memory | everything)
 #
-# memory is @modelcontextprotocol/server-memory from the npm registry, run by the system's node (v20 here):
+# memory and everything are @modelcontextprotocol/server-memory and server-everything (the protocol's reference
+# server, which also speaks Streamable HTTP) from the npm registry, run by the system's node (v20 here); each is
 # installed with `npm install --save-exact --ignore-scripts --before=$NPM_BEFORE` into <dir>/node_modules, so the
 # top-level version is pinned exactly and every transitive one is what the registry offered at that date (the same
-# tree on every machine); <dir>/package-lock.json records it and <dir>/bin/mcp-server-memory links to its script.
+# tree on every machine); <dir>/package-lock.json records it and <dir>/bin/mcp-server-<name> links to its script.
 #
 # Each server gets ${SYNTHLOOP_MCP_HOME:-$HOME/.cache/synthloop/mcp}/<name>-<version>/, created with the base
 # interpreter the sandbox exposes (the venv's python links to it), so the server runs inside the boundary with
@@ -77,47 +78,56 @@ install_one() {
     return 0
 }
 
-MEMORY_VERSION=2026.8.31
 NPM_BEFORE=2026-12-02T00:00:00Z
-install_memory() {
-    dir="$ROOT/memory-$MEMORY_VERSION"
+npm_package() {
+    case "$1" in
+        memory) echo "@modelcontextprotocol/server-memory 2026.8.31 mcp-server-memory" ;;
+        everything) echo "@modelcontextprotocol/server-everything 2026.8.31 mcp-server-everything" ;;
+    esac
+}
+install_npm() {
+    name=$1
+    # shellcheck disable=SC2046  # three words: package, version, the script's name
+    set -- $(npm_package "$name")
+    package=$1 pversion=$2 bin=$3
+    dir="$ROOT/$name-$pversion"
     node=$(command -v node)
     npm=$(command -v npm)
     if [ -z "$node" ] || [ -z "$npm" ]; then
-        echo "mcp-servers: node or npm is not on PATH; memory not installed"
+        echo "mcp-servers: node or npm is not on PATH; $name not installed"
         return 0
     fi
-    marker="node=$("$node" --version) @modelcontextprotocol/server-memory@$MEMORY_VERSION before=$NPM_BEFORE"
-    if [ -f "$dir/.synthloop-pins" ] && [ "$(cat "$dir/.synthloop-pins")" = "$marker" ] && [ -x "$dir/bin/mcp-server-memory" ]; then
-        echo "mcp-servers: memory already installed in $dir"
+    marker="node=$("$node" --version) $package@$pversion before=$NPM_BEFORE"
+    if [ -f "$dir/.synthloop-pins" ] && [ "$(cat "$dir/.synthloop-pins")" = "$marker" ] && [ -x "$dir/bin/$bin" ]; then
+        echo "mcp-servers: $name already installed in $dir"
         return 0
     fi
-    echo "mcp-servers: installing memory (@modelcontextprotocol/server-memory@$MEMORY_VERSION, npm as of $NPM_BEFORE) into $dir"
+    echo "mcp-servers: installing $name ($package@$pversion, npm as of $NPM_BEFORE) into $dir"
     rm -rf "$dir"
-    mkdir -p "$dir/bin" || { echo "mcp-servers: cannot create $dir; memory not installed"; return 0; }
-    echo '{"name": "synthloop-mcp-memory", "private": true}' >"$dir/package.json"
+    mkdir -p "$dir/bin" || { echo "mcp-servers: cannot create $dir; $name not installed"; return 0; }
+    echo "{\"name\": \"synthloop-mcp-$name\", \"private\": true}" >"$dir/package.json"
     if (cd "$dir" && "$npm" install --save-exact --ignore-scripts --no-audit --no-fund --before="$NPM_BEFORE" \
-            "@modelcontextprotocol/server-memory@$MEMORY_VERSION") >"$dir/.install.log" 2>&1 \
-       && [ -f "$dir/node_modules/@modelcontextprotocol/server-memory/dist/index.js" ]; then
-        ln -s ../node_modules/@modelcontextprotocol/server-memory/dist/index.js "$dir/bin/mcp-server-memory"
+            "$package@$pversion") >"$dir/.install.log" 2>&1 \
+       && [ -f "$dir/node_modules/$package/dist/index.js" ]; then
+        ln -s "../node_modules/$package/dist/index.js" "$dir/bin/$bin"
         (cd "$dir" && "$npm" ls --all --parseable --long 2>/dev/null | sed "s|^$dir/*||" >"$dir/.synthloop-freeze")
         echo "$marker" >"$dir/.synthloop-pins"
-        echo "mcp-servers: memory installed ($(grep -c node_modules "$dir/.synthloop-freeze") packages, see $dir/package-lock.json)"
+        echo "mcp-servers: $name installed ($(grep -c node_modules "$dir/.synthloop-freeze") packages, see $dir/package-lock.json)"
     else
-        echo "mcp-servers: npm could not install memory (no network to the npm registry?); last lines of $dir/.install.log:"
+        echo "mcp-servers: npm could not install $name (no network to the npm registry?); last lines of $dir/.install.log:"
         tail -n 5 "$dir/.install.log" | sed 's/^/    /'
-        mv "$dir/.install.log" "$ROOT/memory.failed.log" 2>/dev/null
+        mv "$dir/.install.log" "$ROOT/$name.failed.log" 2>/dev/null
         rm -rf "$dir"
     fi
     return 0
 }
 
-names=${*:-sqlite time git memory}
+names=${*:-sqlite time git memory everything}
 for n in $names; do
     case "$n" in
         sqlite|time|git) install_one "$n" ;;
-        memory) install_memory ;;
-        *) echo "mcp-servers: unknown server '$n' (known: sqlite time git memory)" ;;
+        memory|everything) install_npm "$n" ;;
+        *) echo "mcp-servers: unknown server '$n' (known: sqlite time git memory everything)" ;;
     esac
 done
 exit 0

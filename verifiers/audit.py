@@ -89,7 +89,7 @@ def mutate(kind: str, traj: Trajectory, env: Environment, rng: random.Random, ex
     if kind == "corrupt_answer":
         out = copy.deepcopy(messages)
         texts = [k for k, m in enumerate(out) if m["role"] == "assistant" and not m.get("tool_calls") and m.get("content")]
-        if not texts:
+        if not texts or not expected:  # a task checked by its state alone has no answer to corrupt
             return None
         strings = [str(v) for v in expected if isinstance(v, str)]
         for k in texts:  # every number shifted, every expected string replaced: the answer is now wrong

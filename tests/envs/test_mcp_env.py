@@ -524,12 +524,12 @@ def test_an_error_the_tool_reports_is_its_message(fake):
 def test_the_server_sees_only_its_working_copy(fake):
     with fake().open() as env:
         paths = ["/root/.bashrc", "/root/.profile", str(REPO / "README.md"), str(REPO / "envs" / "mcp.py"),
-                 f"w:{WORKDIR}/mine.txt", f"w:{REPO}/planted.txt", "w:/tmp/planted.txt", "/etc/passwd"]
+                 f"w:{WORKDIR}/mine.txt", f"w:{REPO}/planted.txt", "w:/tmp/planted.txt", "/etc/hosts"]
         found, error = env.execute("probe", {"paths": paths})
         assert error is None
         assert {p: found[p] for p in paths if not p.startswith("w:")} == {
             "/root/.bashrc": "FileNotFoundError", "/root/.profile": "FileNotFoundError",
-            "/etc/passwd": "FileNotFoundError",
+            "/etc/hosts": "FileNotFoundError",
             str(REPO / "README.md"): "FileNotFoundError", str(REPO / "envs" / "mcp.py"): "FileNotFoundError"}
         assert {p: found[p] == "ok" for p in paths if p.startswith("w:")} == {
             f"w:{WORKDIR}/mine.txt": True, f"w:{REPO}/planted.txt": False, "w:/tmp/planted.txt": False}
@@ -558,15 +558,139 @@ def test_without_the_boundary_a_server_is_refused_never_run(fake, monkeypatch):
     assert not pids_with_marker(fake.marker)
 
 
-@needs_boundary
-def test_a_server_that_starts_processes_is_stopped_by_the_server_policy(servers, tmp_path):
-    """mcp-server-git runs git for every call; the SERVER filter forbids new processes, so it cannot run here."""
-    _need(servers, "git")
-    repo = tmp_path / "repo"
+GIT = "mcp-server-git --repository {workdir}"
+GIT_VALUES = {"repo_path": [WORKDIR], "files": [["todo.txt"], ["notes.md"]], "branch_name": ["release", "feature-x"],
+              "message": ["Add the todo list"], "target": ["release"], "revision": ["HEAD"], "branch_type": ["local"]}
+
+
+@pytest.fixture(scope="session")
+def git_state(tmp_path_factory) -> Path:
+    """A repository as a user's would be: two commits on main, a release branch, a modified and a new file."""
+    repo = tmp_path_factory.mktemp("git") / "repo"
     repo.mkdir()
-    subprocess.run(["git", "init", "-q", str(repo)], check=True, capture_output=True)
+    ident = ["-c", "user.name=Ada", "-c", "user.email=ada@example.org"]
+
+    def git(*args):
+        subprocess.run(["git", *ident, *args], cwd=repo, check=True, capture_output=True)
+
+    git("init", "-q", "-b", "main")
+    (repo / "notes.md").write_text("Notes\n")
+    (repo / "app.py").write_text("print(1)\n")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    git("branch", "release")
+    (repo / "app.py").write_text("print(1)\nprint(2)\n")
+    git("commit", "-qam", "second")
+    (repo / "notes.md").write_text("Notes\nmore\n")
+    (repo / "todo.txt").write_text("todo\n")
+    return repo
+
+
+def _pids_cgroup() -> bool:
+    from sandbox import pids_cgroup_parent
+
+    try:
+        pids_cgroup_parent()
+        return True
+    except SandboxUnavailable:
+        return False
+
+
+@needs_boundary
+def test_a_server_that_starts_processes_is_killed_unless_its_programs_are_named(servers, git_state):
+    """mcp-server-git runs git for every call: under the SERVER policy its first fork is fatal (SIGSYS)."""
+    _need(servers, "git")
     with pytest.raises(MCPError, match="did not start: was killed by SIGSYS"):
-        mcp_source("mcp-server-git --repository {workdir}", state=repo, read_only=("/usr/bin/git",)).open()
+        mcp_source(GIT, state=git_state, read_only=("/usr/bin/git",)).open()
+
+
+@needs_boundary
+def test_mcp_server_git_runs_git_in_a_pids_cgroup_and_its_repository_is_state(servers, git_state):
+    """With ``programs=("git",)`` it may start processes (bounded by a pids cgroup of its own). The repository is
+    state read canonically: refs and index entries as tables, reflogs (wall clock) left out, objects by content;
+    a fixed identity and clock make two copies that get the same calls end in the same state."""
+    _need(servers, "git")
+    if not _pids_cgroup():
+        with pytest.raises(SandboxUnavailable, match="pids cgroup"):
+            mcp_source(GIT, state=git_state, programs=("git",)).open()
+        return
+    source = mcp_source(GIT, state=git_state, programs=("git",), values=GIT_VALUES)
+    hashes, diffs = [], []
+    for _ in range(2):
+        with source.open() as env:
+            before = env.rows()
+            assert before["git_refs"]["HEAD"]["target"] == "ref: refs/heads/main"
+            assert set(before["git_index"]) == {"app.py", "notes.md"}
+            status, error = env.execute("git_status", {"repo_path": WORKDIR})
+            assert error is None and "todo.txt" in status and "notes.md" in status
+            assert env.execute("git_add", {"repo_path": WORKDIR, "files": ["todo.txt"]}) == ("Files staged successfully", None)
+            committed, error = env.execute("git_commit", {"repo_path": WORKDIR, "message": "Add the todo list"})
+            assert error is None and committed.startswith("Changes committed successfully with hash ")
+            diffs.append(env.diff(before))
+            hashes.append(env.state_hash())
+            after = env.rows()
+            assert after["git_refs"]["refs/heads/main"]["target"] == committed.rsplit(" ", 1)[1]
+            assert after["git_index"]["todo.txt"]["mode"] == "100644"
+            assert not any(t.startswith(".git/logs") for t in after.get("files", {}))
+    assert hashes[0] == hashes[1] and diffs[0] == diffs[1]
+    assert set(diffs[0]) == {"git_index", "git_refs", "files"}  # staged, moved main, wrote objects
+    assert diffs[0]["git_refs"]["updated"].keys() == {"refs/heads/main"}
+
+
+@needs_boundary
+@pytest.mark.slow
+def test_tasks_on_the_git_server_are_checked_by_their_state_diff_and_pass_their_controls(servers, git_state):
+    """The server answers in prose ("Files staged successfully"), so a task has no answer to check: one that
+    writes is checked by its state diff alone, and its controls still fail; a plan of reads only is no task."""
+    _need(servers, "git")
+    if not _pids_cgroup():
+        pytest.skip("no pids cgroup here: the server is refused (tested above)")
+    with mcp_source(GIT, state=git_state, programs=("git",), values=GIT_VALUES).open() as env:
+        sampled, accepted = _pipeline(env, 3, SamplingConfig(depth_min=1, depth_max=1), None)
+        assert accepted, [t.reference_plan for t in sampled]
+        for task in sampled:
+            assert task.expected_diff and task.expected_answer == []
+            assert any(env.specs[s.tool].mutates for s in task.reference_plan)
+
+
+EVERYTHING = "mcp-server-everything streamableHttp"  # @modelcontextprotocol/server-everything from npm
+
+
+@needs_boundary
+def test_a_streamable_http_server_is_reached_through_a_relay_in_its_own_sandbox(servers):
+    """server-everything over Streamable HTTP: the relay beside it starts it and carries its messages; two
+    instances listen on the same port at once (each sandbox has its own loopback) and neither is reachable from
+    here; node's V8 reserves more address space than RLIMIT_AS would allow, so the memory cgroup bounds it."""
+    _need(servers, "everything")
+    if not _pids_cgroup():
+        with pytest.raises(SandboxUnavailable, match="pids cgroup"):
+            mcp_source(EVERYTHING, http="http://127.0.0.1:3001/mcp", env={"PORT": "3001"}).open()
+        return
+    port = 39217
+    source = mcp_source(EVERYTHING, http=f"http://127.0.0.1:{port}/mcp", env={"PORT": str(port)}, name="everything")
+    with source.open() as env, env.fork() as other:
+        assert {"echo", "get-sum"} <= set(env.specs)
+        assert env.execute("echo", {"message": "hi"}) == ("Echo: hi", None)
+        assert other.execute("get-sum", {"a": 2, "b": 3}) == ("The sum of 2 and 3 is 5.", None)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        assert env.execute("get-sum", {"a": "x"})[1]  # the server's own validation error, as a tool error
+    assert not pids_with_marker("mcp-server-everything")
+
+
+@needs_boundary
+def test_a_streamable_http_server_that_never_listens_is_an_error_naming_it(servers):
+    _need(servers, "everything")
+    if not _pids_cgroup():
+        pytest.skip("no pids cgroup here: such a server is refused (tested above)")
+    source = mcp_source(EVERYTHING, http="http://127.0.0.1:39218/mcp", env={"PORT": "39219"}, start_timeout=5)
+    with pytest.raises(MCPError, match=r"(?s)mcp-server-everything streamableHttp.*nothing listens on 127.0.0.1:39218"):
+        source.open()
+
+
+def test_an_http_url_off_the_sandbox_loopback_is_refused():
+    with pytest.raises(MCPError, match="loopback"):
+        mcp_source("mcp-server-memory", http="http://example.org/mcp")
 
 
 # --- lifetime ---------------------------------------------------------------------------------------------------

@@ -308,7 +308,7 @@ def test_a_plugin_cannot_read_the_host_or_write_outside_its_tmpfs(tmp_path):
     secret = tmp_path / "private.txt"
     secret.write_text("secret")
     probes = {"root": "/root", "secret": str(secret), "readme": str(REPO / "README.md"),
-              "retail": str(REPO / "envs" / "retail.py"), "venv": sys.prefix + "/pyvenv.cfg", "passwd": "/etc/passwd"}
+              "retail": str(REPO / "envs" / "retail.py"), "venv": sys.prefix + "/pyvenv.cfg", "hosts": "/etc/hosts"}
     ref, root = plugin(tmp_path, f'''
         @tool(mutates=False, phrase="probe", answer=None)
         def probe(self) -> dict:
@@ -336,7 +336,7 @@ def test_a_plugin_cannot_read_the_host_or_write_outside_its_tmpfs(tmp_path):
         source.close()
     assert error is None, error
     assert set(seen["root"]) <= {".pyenv"}  # at most the path to the interpreter, never the home's files
-    for key in ("secret", "readme", "retail", "venv", "passwd"):
+    for key in ("secret", "readme", "retail", "venv", "hosts"):
         assert seen[key] == "FileNotFoundError", (key, seen[key])
     assert seen["write_work"] == "written"
     for key in ("own", "repo", "tmp"):

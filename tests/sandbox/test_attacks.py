@@ -155,8 +155,11 @@ def test_host_files_are_not_there(tmp_path):
     rc, lines, err = unguarded(program)
     assert rc == 0, err
     *reads, summary = lines
-    assert [r["path"] for r in reads] == targets and all("error" in r for r in reads), reads
-    assert set(summary["root"]) <= {"sandbox", "dev", "usr", "lib", "lib64", "root", "opt", "home", "bin"}
+    passwd, *others = reads
+    # /etc/passwd is the sandbox's own, naming its one user (programs look themselves up), never the host's
+    assert passwd == {"path": "/etc/passwd", "read": "sandbox:x:1000:1000:sandbox:/sandbox/work:/bin/false\n"}
+    assert [r["path"] for r in others] == targets[1:] and all("error" in r for r in others), reads
+    assert set(summary["root"]) <= {"sandbox", "dev", "usr", "lib", "lib64", "root", "opt", "home", "bin", "etc"}
     assert summary["uid"] == 1000 and summary["ppid"] <= 2  # a fresh pid namespace: the caller has no pid here
 
 

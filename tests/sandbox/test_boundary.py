@@ -265,3 +265,113 @@ def test_the_binary_closure_of_a_file_that_is_not_elf_is_the_file(tmp_path):
     script = tmp_path / "run.sh"
     script.write_text("#!/bin/sh\n")
     assert binary_closure(str(script)) == (str(script),)
+
+
+# --- servers that start programs: a pids cgroup of their own ------------------------------------------------------
+
+FORKER = """
+import os, sys, time
+made = 0
+try:
+    for _ in range(1000):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        made += 1
+except OSError as exc:
+    print(made, exc.errno, flush=True)
+else:
+    print(made, 0, flush=True)
+"""
+
+
+def _pids_here() -> str | None:
+    from sandbox import pids_cgroup_parent
+
+    try:
+        return pids_cgroup_parent()
+    except SandboxUnavailable:
+        return None
+
+
+def test_a_policy_with_processes_bounds_a_fork_bomb_by_its_pids_cgroup_and_removes_it(tmp_path):
+    """SERVER_WITH_PROGRAMS lets a server fork, up to its pids.max (64 tasks with bwrap and pid 1); every process
+    is killed and the group removed when the sandbox ends. Without the policy the first fork is fatal (SIGSYS)."""
+    from sandbox import SERVER_WITH_PROGRAMS
+
+    program = tmp_path / "forker.py"
+    program.write_text(FORKER)
+    limits = Limits(cpu_seconds=20, wall_seconds=None, memory_mb=512)
+    parent = _pids_here()
+    spec = Spec(argv=(str(program),), mode="python", policy=SERVER_WITH_PROGRAMS, limits=limits,
+                read_only=(str(program),))
+    if parent is None:  # a machine that cannot bound processes refuses such a server instead of running it
+        with pytest.raises(SandboxUnavailable, match="pids cgroup"):
+            with sandboxed(spec):
+                pass
+        return
+    before = set(os.listdir(parent))
+    with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, err = proc.communicate(timeout=60)
+        groups = set(os.listdir(parent)) - before
+    made, errno_ = map(int, out.split())
+    assert 50 <= made < SERVER_WITH_PROGRAMS.processes and errno_ == 11, (out, err)  # EAGAIN at pids.max
+    assert all(not os.path.exists(os.path.join(parent, g)) for g in groups)
+    with sandboxed(Spec(argv=(str(program),), mode="python", policy=SERVER, limits=limits, read_only=(str(program),)),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        proc.communicate(timeout=60)
+    assert proc.returncode in (-31, 128 + 31)  # SIGSYS: the filter kills the first fork
+
+
+def test_without_a_pids_cgroup_a_server_that_starts_processes_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    from sandbox import SERVER_WITH_PROGRAMS
+
+    (tmp_path / "not-a-cgroup").mkdir()  # a plain folder: no pids.max appears in a folder made under it
+    monkeypatch.setenv("SYNTHLOOP_PIDS_CGROUP", str(tmp_path / "not-a-cgroup"))
+    with pytest.raises(SandboxUnavailable, match=r"pids cgroup.*not-a-cgroup.*SYNTHLOOP_PIDS_CGROUP"):
+        with sandboxed(Spec(argv=("/bin/true",), policy=SERVER_WITH_PROGRAMS)):
+            pass
+
+
+def test_the_sandbox_user_has_a_name():
+    """Programs that look themselves up (git's default identity, getpass) find uid 1000 in /etc/passwd."""
+    script = "import pwd, os\nprint(pwd.getpwuid(os.getuid()).pw_name, os.getuid())\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "who.py")
+        Path(path).write_text(script)
+        with sandboxed(Spec(argv=(path,), mode="python", policy=SERVER, read_only=(path,)),
+                       stdout=subprocess.PIPE) as proc:
+            out, _ = proc.communicate(timeout=60)
+    assert out.split() == [b"sandbox", b"1000"]
+
+
+def test_the_loopback_policy_allows_ip_sockets_on_the_sandbox_loopback_only(tmp_path):
+    """SERVER_ON_LOOPBACK (a Streamable HTTP server beside its relay): TCP on the sandbox's own loopback works, the
+    host's loopback is another namespace and not reachable, and other socket families (netlink) are fatal."""
+    from sandbox import SERVER_ON_LOOPBACK
+
+    if _pids_here() is None:
+        pytest.skip("no pids cgroup here: the policy is refused (tested above)")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    host_port = listener.getsockname()[1]
+    program = tmp_path / "net.py"
+    program.write_text(
+        "import socket\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1)\n"
+        "c = socket.create_connection(s.getsockname(), timeout=2); a, _ = s.accept(); c.sendall(b'ping')\n"
+        "print(a.recv(4).decode(), flush=True)\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {host_port}), timeout=2); print('host reached', flush=True)\n"
+        "except OSError as e:\n"
+        "    print('host', type(e).__name__, flush=True)\n"
+        "socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)\n"
+        "print('netlink opened', flush=True)\n")
+    limits = Limits(cpu_seconds=20, wall_seconds=None, memory_mb=512)
+    with sandboxed(Spec(argv=(str(program),), mode="python", policy=SERVER_ON_LOOPBACK, limits=limits,
+                        read_only=(str(program),)), stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        out, _ = proc.communicate(timeout=60)
+    listener.close()
+    assert out.decode().split("\n")[:2] == ["ping", "host ConnectionRefusedError"]
+    assert "netlink opened" not in out.decode() and proc.returncode in (-31, 128 + 31)
