@@ -359,7 +359,8 @@ class ToolEnvironment(Protocol):
     def candidate_rows(self, tool: str) -> list[dict[str, Any]]: ...
 
 
-def _connect(data: bytes | None = None) -> sqlite3.Connection:
+def connect_database(data: bytes | None = None) -> sqlite3.Connection:
+    """A private in-memory SQLite connection, loaded from a serialized database where given."""
     db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
     if data is not None:
         db.deserialize(data)
@@ -380,7 +381,7 @@ class Environment:
         self.domain_cls = domain
         self.seed = seed
         if _initial is None:
-            db = _connect()
+            db = connect_database()
             db.executescript(domain.schema_sql)
             db.execute("BEGIN")
             domain.populate(db, random.Random(seed))
@@ -391,7 +392,7 @@ class Environment:
             _initial = db.serialize()
             db.close()
         self.initial = _initial
-        self.db = _connect(_initial)
+        self.db = connect_database(_initial)
         self.impl = domain(self.db)
         self.specs = domain.tools()
         self._validators = {
@@ -443,7 +444,7 @@ class Environment:
 
     def restore(self, data: bytes) -> None:
         self.db.close()
-        self.db = _connect(data)
+        self.db = connect_database(data)
         self.impl = self.domain_cls(self.db)
 
     def rows(self) -> dict[str, dict[str, dict[str, Any]]]:

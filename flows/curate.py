@@ -24,7 +24,7 @@ from prefect.artifacts import (
 from flows.probes import CurateBatch, CurateConfig, run_curate_batch
 from flows.server import hold_run
 from flows.synthesize import STAGE as SYNTHESIZE
-from flows.synthesize import _endpoint_failed, _ModelServer, llm_cache_path
+from flows.synthesize import endpoint_failed, ModelServer, llm_cache_path
 from generators.config import code_version
 from generators.llm import check_reachable
 from schemas import SCHEMA_VERSION
@@ -147,7 +147,7 @@ def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[
 
 
 @task(name="curate-batch", task_run_name="batch-{job.batch}", retries=2, retry_delay_seconds=10,
-      retry_condition_fn=_endpoint_failed)
+      retry_condition_fn=endpoint_failed)
 def curate_batch(config: CurateConfig, run_id: str, job: CurateBatch, corpus_root: str,
                  base_urls: dict[str, str]) -> dict[str, Any]:
     """Probe and store one batch; a batch whose marker exists is skipped (resume)."""
@@ -267,7 +267,7 @@ def curate(config: CurateConfig = CurateConfig(), corpus_root: str = "data/corpu
             if config.endpoints[name].base_url:
                 check_reachable(name, config.endpoints[name].base_url)
     progress = create_progress_artifact(0.0, key=f"curate-{run_id}".lower(), description="Batches done")
-    server = _ModelServer(config.needs_embedded() and probing, corpus)
+    server = ModelServer(config.needs_embedded() and probing, corpus)
     with server:
         for done, job in enumerate(batches, 1):
             info = curate_batch(config, run_id, job, str(corpus.root), server.urls)

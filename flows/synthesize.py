@@ -37,7 +37,7 @@ def llm_cache_path(corpus: Corpus) -> Path:
     return corpus.root / "_cache" / "llm.sqlite"
 
 
-def _endpoint_failed(task, task_run, state) -> bool:
+def endpoint_failed(task, task_run, state) -> bool:
     """Retry a batch only when a model endpoint gave out (its answers so far are cached); not on bugs."""
     try:
         state.result()
@@ -49,7 +49,7 @@ def _endpoint_failed(task, task_run, state) -> bool:
 
 
 @task(name="synthesize-batch", task_run_name="batch-{batch}", retries=2, retry_delay_seconds=10,
-      retry_condition_fn=_endpoint_failed)
+      retry_condition_fn=endpoint_failed)
 def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
                      base_urls: dict[str, str] | None = None) -> dict[str, Any]:
     """Produce and store one batch; a batch whose shards are complete is skipped (resume)."""
@@ -138,7 +138,7 @@ def _per_domain_markdown(summary: dict[str, Any]) -> list[str]:
     return lines
 
 
-class _ModelServer:
+class ModelServer:
     """The embedded model's server for the length of the batches, when a role needs it and work is left."""
 
     def __init__(self, needed: bool, corpus: Corpus):
@@ -146,7 +146,7 @@ class _ModelServer:
         self.urls: dict[str, str] = {}
         self.requests = 0
 
-    def __enter__(self) -> _ModelServer:
+    def __enter__(self) -> ModelServer:
         if self.server is not None:
             self.server.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.urls = {EMBEDDED: self.server.start()}
@@ -248,7 +248,7 @@ def synthesize(
         for name in {r.endpoint for r in config.agents.roles().values()}:
             if config.agents.endpoints[name].base_url:
                 check_reachable(name, config.agents.endpoints[name].base_url)
-    server = _ModelServer(config.agents.needs_embedded() and bool(pending), corpus)
+    server = ModelServer(config.agents.needs_embedded() and bool(pending), corpus)
     with server, Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:
         job = bar.add_task("batches", total=config.n_batches)

@@ -819,7 +819,7 @@ def _bfcl_entries(questions: list[Any], file: str, domain: str) -> tuple[list[To
     return tools, skipped + more
 
 
-def _from_bfcl(questions: list[Any], file: str, domain: str) -> list[Tool]:
+def bfcl_tools(questions: list[Any], file: str, domain: str) -> list[Tool]:
     """BFCL questions' tools as BFCL names them (dots kept), all or none: what the BFCL evaluation offers."""
     entries = []
     skipped: Skipped = []

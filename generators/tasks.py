@@ -33,7 +33,7 @@ SAMPLE_ATTEMPTS = 16
 
 
 @dataclass
-class _Step:
+class ExecutedStep:
     id: str
     tool: str
     args: dict[str, Any]  # literals or {"$ref", "path"}
@@ -136,8 +136,8 @@ class PlanSampler:
         return [t for _, t in sorted(keyed, reverse=True)]
 
     def _try_step(
-        self, work: Environment, steps: list[_Step], tool: str, refs: dict[str, tuple[_Step, tuple]], rng: random.Random
-    ) -> _Step | None:
+        self, work: Environment, steps: list[ExecutedStep], tool: str, refs: dict[str, tuple[ExecutedStep, tuple]], rng: random.Random
+    ) -> ExecutedStep | None:
         """Bind ``tool`` (some params from earlier results via ``refs``), execute it, keep it if it succeeds."""
         for _ in range(MAX_TRIES):
             fixed = {}
@@ -164,11 +164,11 @@ class PlanSampler:
             if error is None:
                 parents = sorted({p.id for p, _ in refs.values()})
                 level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
-                return _Step(f"s{len(steps)}", tool, args, values, result, level, parents)
+                return ExecutedStep(f"s{len(steps)}", tool, args, values, result, level, parents)
         return None
 
     # plan growth --------------------------------------------------------------------------------------------
-    def _extend(self, work: Environment, steps: list[_Step], parent: _Step, rng: random.Random, max_level: int) -> _Step | None:
+    def _extend(self, work: Environment, steps: list[ExecutedStep], parent: ExecutedStep, rng: random.Random, max_level: int) -> ExecutedStep | None:
         if parent.level + 1 > max_level:
             return None
         children = {s.tool for s in steps if parent.id in s.parents}
@@ -185,7 +185,7 @@ class PlanSampler:
                 return step
         return None
 
-    def _merge(self, work: Environment, steps: list[_Step], rng: random.Random, max_level: int) -> _Step | None:
+    def _merge(self, work: Environment, steps: list[ExecutedStep], rng: random.Random, max_level: int) -> ExecutedStep | None:
         """A call whose parameters come from two different earlier steps."""
         for tool in self._weighted(list(self.specs), rng):
             sources = []
@@ -202,7 +202,7 @@ class PlanSampler:
                         break
         return None
 
-    def sample(self, rng: random.Random, depth: int | None = None) -> tuple[Environment, list[_Step], dict] | None:
+    def sample(self, rng: random.Random, depth: int | None = None) -> tuple[Environment, list[ExecutedStep], dict] | None:
         """Grow one executed plan of ``depth`` (default: drawn from the config); returns the working environment
         (in the final state), the steps and the initial state rows, or None if the shape could not be realised."""
         cfg = self.config
@@ -210,7 +210,7 @@ class PlanSampler:
         depth = depth or min(rng.randint(cfg.depth_min, cfg.depth_max), max(cfg.depth_min, self.reachable_depth))
         work = self.base.fork()
         initial = work.rows()
-        steps: list[_Step] = []
+        steps: list[ExecutedStep] = []
         for root in self._weighted(list(self.specs), rng):
             step = self._try_step(work, steps, root, {}, rng)
             if step is not None:
@@ -246,7 +246,7 @@ class PlanSampler:
             self.usage[f"{self.graph.domain}.{s.tool}"] += 1
         return work, steps, initial
 
-    def _writes_all_matter(self, steps: list[_Step], final_hash: str) -> bool:
+    def _writes_all_matter(self, steps: list[ExecutedStep], final_hash: str) -> bool:
         """False if leaving out one write, the other calls unchanged, reaches the same final state (a limit set
         twice, share-then-unshare): no verifier could tell whether that write was done."""
         for skipped in (s for s in steps if self.specs[s.tool].mutates):
@@ -264,7 +264,7 @@ class PlanSampler:
 # --- from an executed plan to a task -------------------------------------------------------------------------
 
 
-def signature(steps: list[_Step]) -> Signature:
+def signature(steps: list[ExecutedStep]) -> Signature:
     g = nx.DiGraph()
     g.add_nodes_from(s.id for s in steps)
     g.add_edges_from((p, s.id) for s in steps for p in s.parents)
@@ -358,7 +358,7 @@ def build_task(
     *,
     env: Environment,
     work: Environment,
-    steps: list[_Step],
+    steps: list[ExecutedStep],
     initial: dict,
     rng: random.Random,
     config: SamplingConfig,

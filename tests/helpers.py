@@ -26,7 +26,7 @@ def subprocess_env(api_url: str | None = None, **extra: str) -> dict[str, str]:
 def execute_steps(env, calls):
     """Hand-built executed plan steps on a fork of ``env``: ``(tool, args)`` per call, each argument a literal
     or ``{"$ref": "sK", "path": [...]}``; returns (working env in its final state, steps, initial rows)."""
-    from generators.tasks import _Step, resolve
+    from generators.tasks import ExecutedStep, resolve
 
     work = env.fork()
     initial = work.rows()
@@ -38,7 +38,7 @@ def execute_steps(env, calls):
         assert error is None, error
         parents = sorted({v["$ref"] for v in refs.values()})
         level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
-        steps.append(_Step(f"s{i}", tool, args, values, result, level, parents))
+        steps.append(ExecutedStep(f"s{i}", tool, args, values, result, level, parents))
     return work, steps, initial
 
 

@@ -69,13 +69,13 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 def _bfcl_answers(root: str) -> dict[tuple[str, frozenset[str]], list[dict]]:
     """(question text, offered names with BFCL's dots as ``_``) -> the ground-truth calls, BFCL names."""
     from storage.external import bfcl_file
-    from verifiers.bfcl import _read_jsonl, ground_truth_calls
+    from verifiers.bfcl import read_jsonl, ground_truth_calls
 
     index: dict[tuple[str, frozenset[str]], list[dict]] = {}
     for category in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"):
         truths = {} if category == "irrelevance" else {
-            a["id"]: a["ground_truth"] for a in _read_jsonl(bfcl_file(root, category, answers=True))}
-        for q in _read_jsonl(bfcl_file(root, category)):
+            a["id"]: a["ground_truth"] for a in read_jsonl(bfcl_file(root, category, answers=True))}
+        for q in read_jsonl(bfcl_file(root, category)):
             key = (json.dumps(q["question"][0], sort_keys=True),
                    frozenset(_UNSAFE_NAME.sub("_", f["name"]) for f in q["function"]))
             truth = truths.get(q["id"])

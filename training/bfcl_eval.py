@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from schemas import SCHEMA_VERSION
 from storage.external import bfcl_file, default_bfcl_root
 from verifiers.bfcl import CATEGORIES as CALL_CATEGORIES
-from verifiers.bfcl import _read_jsonl, match_calls
+from verifiers.bfcl import read_jsonl, match_calls
 
 IRRELEVANCE = "irrelevance"
 CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)
@@ -177,7 +177,7 @@ class EndpointAgent:
         sampling = Sampling(temperature=0.0, top_p=1.0, max_tokens=self.max_tokens)
 
         async def ask(client: LLMClient, q: Question) -> Reply:
-            tools, names = _endpoint_tools(q.tools)
+            tools, names = endpoint_tools(q.tools)
             try:
                 done = await client.chat(q.messages, phase="bfcl", role="assistant", sample=q.id,
                                          sampling=sampling, tools=tools)
@@ -204,7 +204,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def _endpoint_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def endpoint_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The tools with names OpenAI accepts (``^[A-Za-z0-9_-]{1,64}$``), and sent name → BFCL name."""
     out, back = [], {}
     for tool in tools:
@@ -234,14 +234,14 @@ def _read_reply(message: dict[str, Any], names: dict[str, str]) -> Reply:
 def load_questions(root: str | Path, category: str, per_category: int | None = None,
                    seed: int = 0) -> list[Question]:
     """A seeded sample of ``per_category`` questions of one category (all with ``None`` or 0), in file order."""
-    from generators.catalog import _from_bfcl
+    from generators.catalog import bfcl_tools
 
     if category not in CATEGORIES:
         raise ValueError(f"BFCL category {category!r} is not one of {', '.join(CATEGORIES)}")
     path = bfcl_file(root, category)
-    records = _read_jsonl(path)
+    records = read_jsonl(path)
     answers = {} if category == IRRELEVANCE else {
-        a["id"]: a["ground_truth"] for a in _read_jsonl(bfcl_file(root, category, answers=True))}
+        a["id"]: a["ground_truth"] for a in read_jsonl(bfcl_file(root, category, answers=True))}
     if per_category and per_category < len(records):
         picked = sorted(random.Random(f"bfcl:{seed}:{category}").sample(range(len(records)), per_category))
         records = [records[i] for i in picked]
@@ -253,7 +253,7 @@ def load_questions(root: str | Path, category: str, per_category: int | None = N
         if category != IRRELEVANCE and r["id"] not in answers:
             raise ValueError(f"{path.name}: question {r['id']} has no possible answer in possible_answer/")
         # BFCL's type names ("dict", "float", "tuple", "any") become JSON Schema, as the catalog import does
-        tools = [t.openai() for t in _from_bfcl([r], path.name, f"bfcl:{category}")]
+        tools = [t.openai() for t in bfcl_tools([r], path.name, f"bfcl:{category}")]
         questions.append(Question(id=r["id"], category=category, messages=list(r["question"][0]),
                                   functions=r["function"], tools=tools, ground_truth=answers.get(r["id"])))
     return questions

@@ -48,7 +48,7 @@ from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import (
     StaleWeights,
-    _plain,
+    plain_messages,
     bf16_available,
     load_tokenizer,
     parse_assistant,
@@ -428,7 +428,7 @@ def _load_start(start: str):
 
 def loss_tokens(tokenizer: Any, rollout: Rollout) -> tuple[list[int], list[int]]:
     """Token ids of the rollout as sampled, and the mask of the assistant's tokens (environment and user: 0)."""
-    enc = tokenizer.apply_chat_template(as_sampled(_plain(rollout.trajectory.messages), rollout.raw),
+    enc = tokenizer.apply_chat_template(as_sampled(plain_messages(rollout.trajectory.messages), rollout.raw),
                                         tools=rollout.tools, tokenize=True, return_dict=True,
                                         return_assistant_tokens_mask=True)
     return enc["input_ids"], enc["assistant_masks"]

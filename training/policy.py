@@ -134,11 +134,11 @@ def load_tokenizer(path: str | Path):
 def render(tokenizer, messages: list[Message], tools: list[dict[str, Any]] | None = None, *,
            add_generation_prompt: bool = False) -> str:
     """The text the policy is trained on (whole conversation) or prompted with (``add_generation_prompt``)."""
-    return tokenizer.apply_chat_template(_plain(messages), tools=tools or None, tokenize=False,
+    return tokenizer.apply_chat_template(plain_messages(messages), tools=tools or None, tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
 
 
-def _plain(messages: list[Message]) -> list[dict[str, Any]]:
+def plain_messages(messages: list[Message]) -> list[dict[str, Any]]:
     return [{"role": m["role"], "content": m.get("content") or "",
              **({"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {})} for m in messages]
 

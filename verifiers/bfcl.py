@@ -310,8 +310,8 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
     report: dict[str, Any] = {}
     for category in CATEGORIES:
         start = time.perf_counter()
-        questions = {q["id"]: q for q in _read_jsonl(bfcl_file(root, category))}
-        answers = _read_jsonl(bfcl_file(root, category, answers=True))
+        questions = {q["id"]: q for q in read_jsonl(bfcl_file(root, category))}
+        answers = read_jsonl(bfcl_file(root, category, answers=True))
         gt_bad: list[str] = []
         gt_examples: list[dict[str, Any]] = []
         kinds = {k: {"n": 0, "rejected": 0, "skipped": 0, "accepted_examples": []} for k in MUTATION_KINDS}
@@ -348,7 +348,7 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
             "seconds": time.perf_counter() - start,
         }
     path = bfcl_file(root, "irrelevance")
-    irrelevance = _read_jsonl(path)
+    irrelevance = read_jsonl(path)
     report["irrelevance"] = {
         "questions": len(irrelevance),
         "functions": sum(len(q["function"]) for q in irrelevance),
@@ -357,7 +357,7 @@ def evaluate_bfcl(root: str | Path, *, seed: int = 0, max_examples: int = 5) -> 
     return report
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 

@@ -63,7 +63,7 @@ class _Stated:
         return [float(t.replace(",", "")) for t in NUMBER.findall(self.text)]
 
 
-def _occurrences(expected: Any, text: str | _Stated) -> int:
+def occurrences(expected: Any, text: str | _Stated) -> int:
     """How many times ``expected`` is stated in ``text`` (numbers with tolerance, strings normalised or fuzzy)."""
     stated = text if isinstance(text, _Stated) else _Stated(text)
     if isinstance(expected, bool):
@@ -86,7 +86,7 @@ def _occurrences(expected: Any, text: str | _Stated) -> int:
 
 def answer_found(expected: Any, text: str) -> bool:
     """Whether ``expected`` is stated in ``text``."""
-    return _occurrences(expected, text) > 0
+    return occurrences(expected, text) > 0
 
 
 def missing_answers(expected: list[Any], text: str | _Stated) -> list[Any]:
@@ -96,7 +96,7 @@ def missing_answers(expected: list[Any], text: str | _Stated) -> list[Any]:
     for value in expected:
         key = json.dumps(value, sort_keys=True, default=str)
         need[key] = need.get(key, 0) + 1
-        if _occurrences(value, stated) < need[key]:
+        if occurrences(value, stated) < need[key]:
             missing.append(value)
     return missing
 

@@ -71,7 +71,7 @@ from schemas import Task, Trajectory, Verdict
 from verifiers.checks import (
     NUMBER,
     SeenValues,
-    _occurrences,
+    occurrences,
     answer_found,
     call_key,
     read_call,
@@ -300,7 +300,7 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
         elif source is not None and tried_at.get(source, len(messages)) > first and not seen_before[first].shown(value):
             # an answer expected twice (two counts that are both 2) is premature only if stated more often
             # than the sources of that value already made
-            said = _occurrences(value, "\n".join(t for k, t in texts if k <= first))
+            said = occurrences(value, "\n".join(t for k, t in texts if k <= first))
             made = sum(1 for v, s in pairs if v == value and tried_at.get(src_index.get(s.get("step")),
                                                                            len(messages)) <= first)
             if said > made:
@@ -321,7 +321,7 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
         for value, src in zip(expected, sources):  # as ``missing_answers``: a value expected twice is said twice
             need[json.dumps(value, sort_keys=True, default=str)] += 1
             if (src_index.get(src["step"]) in made_at
-                    and _occurrences(value, answer_text) < need[json.dumps(value, sort_keys=True, default=str)]):
+                    and occurrences(value, answer_text) < need[json.dumps(value, sort_keys=True, default=str)]):
                 add("wrong_answer", message=final[0], step=src["step"], expected=value, got=final[1][:200])
         if "wrong_answer" not in ev and "premature_answer" not in ev and sources_made:
             add("wrong_answer", message=final[0], detail=component["answer"].detail, got=final[1][:200])

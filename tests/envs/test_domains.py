@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from envs import DOMAINS, Domain, Environment, ToolSpec
-from envs.base import _connect
+from envs.base import connect_database
 from schemas import TABLES
 
 DOMAIN_LIST = list(DOMAINS.values())
@@ -291,7 +291,7 @@ def test_snapshot_restore_round_trips(domain: type[Domain], envs: dict[str, Envi
 @domain_params()
 def test_state_hash_ignores_insertion_order(domain: type[Domain], envs: dict[str, Environment]) -> None:
     env = fresh(envs, domain)
-    db = _connect()
+    db = connect_database()
     db.executescript(domain.schema_sql)
     db.execute("PRAGMA foreign_keys = OFF")
     db.execute("BEGIN")

@@ -210,6 +210,17 @@ def test_value_writer_returns_a_value_that_fits_the_parameter_and_nothing_else(s
     assert writer.counts == {"proposed": 1, "invalid": 2, "empty": 1}
 
 
+def test_a_value_writer_reply_is_held_to_the_parameter_s_own_shape():
+    from generators.llm_agents import VALUE_SCHEMA, value_reply_schema
+
+    query = {"type": "string", "description": "SELECT SQL query to execute", "minLength": 8}
+    assert value_reply_schema(query) == {"type": "object", "required": ["value"],
+                                         "properties": {"value": {"type": "string", "minLength": 8}}}
+    files = {"type": "array", "items": {"type": "string"}, "title": "Files"}
+    assert value_reply_schema(files)["properties"]["value"] == {"type": "array", "items": {"type": "string"}}
+    assert value_reply_schema({"description": "anything"}) == VALUE_SCHEMA  # no type: any JSON value
+
+
 # --- tool mock --------------------------------------------------------------------------------------------
 
 

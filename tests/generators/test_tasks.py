@@ -22,7 +22,7 @@ import pytest
 from envs import DOMAINS, Environment
 from generators.config import SamplingConfig
 from generators.graph import domain_graph
-from generators.tasks import PlanSampler, _Step, build_task, signature
+from generators.tasks import PlanSampler, ExecutedStep, build_task, signature
 from schemas import TABLES, Task
 from tests.helpers import execute_steps
 
@@ -38,7 +38,7 @@ def _sampler(env: Environment, **config: Any) -> PlanSampler:
     return PlanSampler(env, domain_graph(env.domain_cls.name), SamplingConfig(**config))
 
 
-def _sample_tasks(env: Environment, n: int, seed: int, **config: Any) -> list[tuple[Task, list[_Step]]]:
+def _sample_tasks(env: Environment, n: int, seed: int, **config: Any) -> list[tuple[Task, list[ExecutedStep]]]:
     """Up to ``n`` tasks, each from its own seeded rng (as the pipeline does)."""
     cfg = SamplingConfig(**config)
     sampler = PlanSampler(env, domain_graph(env.domain_cls.name), cfg)
@@ -65,7 +65,7 @@ def envs() -> dict[str, Environment]:
 
 
 @pytest.fixture(scope="module")
-def tasks(envs) -> dict[str, list[tuple[Task, list[_Step]]]]:
+def tasks(envs) -> dict[str, list[tuple[Task, list[ExecutedStep]]]]:
     out = {d: _sample_tasks(envs[d], TASKS_PER_DOMAIN, seed=11) for d in DOMAIN_NAMES}
     for d, ts in out.items():
         assert len(ts) >= TASKS_PER_DOMAIN // 2, f"{d}: only {len(ts)} of {TASKS_PER_DOMAIN} samples became tasks"
@@ -183,9 +183,9 @@ def test_nonlinear_share_zero_gives_only_single_calls_and_chains(domain: str, en
 # --- signature of hand-built plans ------------------------------------------------------------------------------
 
 
-def _steps(spec: list[tuple[str, list[str], int]]) -> list[_Step]:
+def _steps(spec: list[tuple[str, list[str], int]]) -> list[ExecutedStep]:
     """(tool, parents, level) per step; ids are s0, s1, ..."""
-    return [_Step(f"s{i}", tool, {}, {}, None, level, parents) for i, (tool, parents, level) in enumerate(spec)]
+    return [ExecutedStep(f"s{i}", tool, {}, {}, None, level, parents) for i, (tool, parents, level) in enumerate(spec)]
 
 
 @pytest.mark.parametrize(

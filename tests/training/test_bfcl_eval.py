@@ -33,7 +33,7 @@ from training.bfcl_eval import (
     IRRELEVANCE,
     EndpointAgent,
     LocalAgent,
-    _endpoint_tools,
+    endpoint_tools,
     bfcl_accuracy,
     bfcl_rows,
     format_table,
@@ -140,7 +140,7 @@ def test_bfcl_tools_are_json_schema_and_dotted_names_are_sent_as_openai_accepts(
     question = next(q for q in load_questions(ROOT, "parallel_multiple", None) if q.id == "parallel_multiple_0")
     params = question.tools[0]["function"]["parameters"]
     assert params["type"] == "object"  # BFCL's "dict"
-    sent, back = _endpoint_tools(question.tools)
+    sent, back = endpoint_tools(question.tools)
     assert [t["function"]["name"] for t in sent] == ["math_toolkit_sum_of_multiples", "math_toolkit_product_of_primes"]
     assert back == {"math_toolkit_sum_of_multiples": "math_toolkit.sum_of_multiples",
                     "math_toolkit_product_of_primes": "math_toolkit.product_of_primes"}

@@ -30,7 +30,7 @@ import pytest
 from envs import DOMAINS, Environment
 from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
-from generators.tasks import _Step, build_task, code_check_source, sample_tasks
+from generators.tasks import ExecutedStep, build_task, code_check_source, sample_tasks
 from schemas import TABLES, Task, Trajectory, Verdict
 from verifiers.checks import NUMBER, answer_found, verify
 from verifiers.controls import accept, make_controls
@@ -262,7 +262,7 @@ def test_an_answer_expected_twice_must_be_stated_twice() -> None:
         counts.setdefault(len(env.execute("list_orders", {"customer_id": cid})[0]), []).append(cid)
     count, (a, b, *_) = next((k, v) for k, v in sorted(counts.items()) if len(v) >= 2 and k > 0)
     work, initial = env.fork(), env.rows()
-    steps = [_Step(f"s{i}", "list_orders", {"customer_id": c}, {"customer_id": c},
+    steps = [ExecutedStep(f"s{i}", "list_orders", {"customer_id": c}, {"customer_id": c},
                    work.execute("list_orders", {"customer_id": c})[0], 0) for i, c in enumerate((a, b))]
     task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
                       config=SamplingConfig(private_share=0.0), task_id="twice", run_id="test", batch=0, sampler_seed=0)
