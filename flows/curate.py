@@ -24,7 +24,7 @@ from prefect.artifacts import (
 from flows.probes import CurateBatch, CurateConfig, run_curate_batch
 from flows.server import hold_run
 from flows.synthesize import STAGE as SYNTHESIZE
-from flows.synthesize import endpoint_failed, ModelServer, llm_cache_path
+from flows.synthesize import ModelServer, endpoint_failed, llm_cache_path
 from generators.config import code_version
 from generators.llm import check_reachable
 from schemas import SCHEMA_VERSION

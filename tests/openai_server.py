@@ -69,7 +69,7 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 def _bfcl_answers(root: str) -> dict[tuple[str, frozenset[str]], list[dict]]:
     """(question text, offered names with BFCL's dots as ``_``) -> the ground-truth calls, BFCL names."""
     from storage.external import bfcl_file
-    from verifiers.bfcl import read_jsonl, ground_truth_calls
+    from verifiers.bfcl import ground_truth_calls, read_jsonl
 
     index: dict[tuple[str, frozenset[str]], list[dict]] = {}
     for category in ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance"):

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from schemas import SCHEMA_VERSION
 from storage.external import bfcl_file, default_bfcl_root
 from verifiers.bfcl import CATEGORIES as CALL_CATEGORIES
-from verifiers.bfcl import read_jsonl, match_calls
+from verifiers.bfcl import match_calls, read_jsonl
 
 IRRELEVANCE = "irrelevance"
 CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)

@@ -48,10 +48,10 @@ from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import (
     StaleWeights,
-    plain_messages,
     bf16_available,
     load_tokenizer,
     parse_assistant,
+    plain_messages,
     policy_path,
     render,
     weights_digest,

@@ -71,9 +71,9 @@ from schemas import Task, Trajectory, Verdict
 from verifiers.checks import (
     NUMBER,
     SeenValues,
-    occurrences,
     answer_found,
     call_key,
+    occurrences,
     read_call,
     read_messages,
     short_repr,

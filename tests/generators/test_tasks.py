@@ -22,7 +22,7 @@ import pytest
 from envs import DOMAINS, Environment
 from generators.config import SamplingConfig
 from generators.graph import domain_graph
-from generators.tasks import PlanSampler, ExecutedStep, build_task, signature
+from generators.tasks import ExecutedStep, PlanSampler, build_task, signature
 from schemas import TABLES, Task
 from tests.helpers import execute_steps
 
