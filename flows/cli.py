@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
@@ -104,7 +106,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         console_without_tracebacks()
 
         try:
-            summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers)
+            summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers, ray=args.ray)
         except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
             # what was finished is kept; the same command resumes (answers so far are in the request cache)
             print(f"synthesize stopped: {exc}", file=sys.stderr)
@@ -296,11 +298,25 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    own_server = not os.environ.get("PREFECT_API_URL")
     with prefect_api(args.port) as api_url:
-        from flows.serve import serve_deployments
+        from flows.serve import deploy_to_pool, serve_deployments
 
-        print(f"Serving deployments against {api_url}; open the UI at {api_url.removesuffix('/api')}", flush=True)
-        serve_deployments(cron=args.cron, corpus_root=args.corpus, config=synthesize_config(args))
+        ui = api_url.removesuffix("/api")
+        if not args.pool:
+            print(f"Serving deployments against {api_url}; open the UI at {ui}", flush=True)
+            serve_deployments(cron=args.cron, corpus_root=args.corpus, config=synthesize_config(args), ray=args.ray)
+            return 0
+        names = deploy_to_pool(args.pool, cron=args.cron, corpus_root=args.corpus, config=synthesize_config(args),
+                               ray=args.ray)
+        print(f"Deployed {', '.join(names)} to work pool {args.pool!r} on {api_url}; runs started from the UI "
+              f"({ui}) wait there for workers:\n    PREFECT_API_URL={api_url} prefect worker start --pool "
+              f"{args.pool}", flush=True)
+        if own_server:  # the local server lives as long as this command: keep it up for the workers
+            print("Keeping the local Prefect server up for them; Ctrl-C stops it.", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                while True:
+                    time.sleep(3600)
     return 0
 
 
@@ -497,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
                    help="processes running batches at once (default: the CPU count, at most 4)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the batches as Ray tasks on the cluster at ADDRESS (host:port, or auto for the one "
+                        "started on this machine); needs `pip install -e '.[ray]'`")
     p.set_defaults(fn=cmd_synthesize)
 
     p = sub.add_parser("query", help="run SQL over the corpus (views: tasks, trajectories, verdicts, ...)")
@@ -583,6 +602,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cron", help="optional schedule, e.g. '0 3 * * *'")
     p.add_argument("--port", type=int, default=4200)
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--pool", metavar="NAME", help="deploy to this Prefect process work pool (created if missing) "
+                   "for `prefect worker start --pool NAME` processes to run, instead of serving from here")
+    p.add_argument("--ray", metavar="ADDRESS", help="synthesize deployments run their batches on this Ray cluster")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("audit", help="re-verify a sample of accepted tasks from disk and mutation-test their verifiers")

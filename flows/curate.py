@@ -21,10 +21,11 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from flows.pipeline import llm_cache_path
 from flows.probes import CurateBatch, CurateConfig, run_curate_batch
 from flows.server import hold_run
 from flows.synthesize import STAGE as SYNTHESIZE
-from flows.synthesize import ModelServer, endpoint_failed, llm_cache_path
+from flows.synthesize import ModelServer, endpoint_failed
 from generators.config import code_version
 from generators.llm import check_reachable
 from schemas import SCHEMA_VERSION

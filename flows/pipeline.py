@@ -11,6 +11,7 @@ import random
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from envs import ToolEnvironment
@@ -22,6 +23,7 @@ from generators.sources import Source, domain_names, open_sources
 from generators.tasks import PlanSampler, sample_task, task_id_for
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
 from schemas import Task
+from storage import Corpus
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
 
@@ -61,6 +63,27 @@ class _Rows:
     timings: Counter = field(default_factory=Counter)
     coverage: Coverage = field(default_factory=Coverage)
     per_domain: defaultdict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+
+
+STAGE = "synthesize"
+
+
+def llm_cache_path(corpus: Corpus) -> Path:
+    """The run-independent LLM request cache of a corpus: a re-run, or a resumed one, asks nothing twice."""
+    return corpus.root / "_cache" / "llm.sqlite"
+
+
+def produce_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
+                  base_urls: dict[str, str] | None = None) -> dict[str, Any]:
+    """Produce and store one batch, the unit every runner places (the flow's own process, a process pool, a Ray
+    worker); a batch whose shards are complete is skipped. Its shards are written whole, then its marker, so a
+    worker killed mid-batch leaves no half of it behind, and the batch done again writes the same rows."""
+    corpus = Corpus(corpus_root)
+    if corpus.batch_done(config.run_id, STAGE, batch):
+        return {"batch": batch, "skipped": True}
+    result = run_batch(config, batch, base_urls, cache_path=str(llm_cache_path(corpus)))
+    corpus.write_batch(config.run_id, STAGE, batch, result.tables, result.summary)
+    return {k: v for k, v in result.summary.items() if k != "coverage"}
 
 
 def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | None = None,

@@ -20,7 +20,7 @@ from prefect.futures import as_completed
 from prefect.task_runners import ProcessPoolTaskRunner
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flows.pipeline import catalog_rows, run_batch
+from flows.pipeline import STAGE, catalog_rows, produce_batch
 from flows.server import hold_run
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
@@ -28,13 +28,6 @@ from generators.graph import Coverage
 from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable, check_reachable
 from generators.sources import open_sources
 from storage import Corpus
-
-STAGE = "synthesize"
-
-
-def llm_cache_path(corpus: Corpus) -> Path:
-    """The run-independent LLM request cache of a corpus: a re-run, or a resumed one, asks nothing twice."""
-    return corpus.root / "_cache" / "llm.sqlite"
 
 
 def endpoint_failed(task, task_run, state) -> bool:
@@ -53,12 +46,7 @@ def endpoint_failed(task, task_run, state) -> bool:
 def synthesize_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
                      base_urls: dict[str, str] | None = None) -> dict[str, Any]:
     """Produce and store one batch; a batch whose shards are complete is skipped (resume)."""
-    corpus = Corpus(corpus_root)
-    if corpus.batch_done(config.run_id, STAGE, batch):
-        return {"batch": batch, "skipped": True}
-    result = run_batch(config, batch, base_urls, cache_path=str(llm_cache_path(corpus)))
-    corpus.write_batch(config.run_id, STAGE, batch, result.tables, result.summary)
-    return {k: v for k, v in result.summary.items() if k != "coverage"}
+    return produce_batch(config, batch, corpus_root, base_urls)
 
 
 def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
@@ -182,12 +170,21 @@ def _die_with_parent() -> None:
 
 
 def _run_batches(config: SynthesizeConfig, root: str, workers: int,
-                 base_urls: dict[str, str]) -> Iterator[dict[str, Any]]:
-    """Each batch's info as it finishes: in this process, or spread over ``workers`` processes.
+                 base_urls: dict[str, str], ray: str | None = None) -> Iterator[dict[str, Any]]:
+    """Each batch's info as it finishes: in this process, spread over ``workers`` processes, or as Ray tasks
+    on the cluster at ``ray`` (``flows.ray_runner``).
 
     A batch is a config and an index in and shards out, so any task runner can place it; processes are
     what helps on one machine, since a batch is CPU-bound Python.
     """
+    if ray:
+        from flows.ray_runner import ray_batches
+
+        done = [b for b in range(config.n_batches) if Corpus(root).batch_done(config.run_id, STAGE, b)]
+        for batch in done:
+            yield {"batch": batch, "skipped": True}
+        yield from ray_batches(config, root, ray, [b for b in range(config.n_batches) if b not in done], base_urls)
+        return
     if workers <= 1:
         for batch in range(config.n_batches):
             yield synthesize_batch(config, batch, root, base_urls)
@@ -212,7 +209,8 @@ def _run_batches(config: SynthesizeConfig, root: str, workers: int,
 @flow(name="synthesize", log_prints=True)
 @hold_run(lambda config, **_: config.run_id)  # a second run of this config waits, then skips
 def synthesize(
-    config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus", workers: int = 1
+    config: SynthesizeConfig = SynthesizeConfig(), corpus_root: str = "data/corpus", workers: int = 1,
+    ray: str | None = None,
 ) -> dict[str, Any]:
     """Synthesise a verified tool-use corpus on the built-in environments.
 
@@ -221,6 +219,8 @@ def synthesize(
         corpus_root: Folder of the Parquet corpus (shared by all runs; one sub-folder per run and table).
         workers: Processes running batches at once (1 = in the flow's own process). The corpus does not
             depend on it.
+        ray: The address of a Ray cluster to run the batches on (``auto``: the one started on this machine);
+            ``workers`` is then unused. The corpus does not depend on it either.
     """
     logger = get_run_logger()
     corpus = Corpus(corpus_root)
@@ -252,7 +252,7 @@ def synthesize(
     with server, Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:
         job = bar.add_task("batches", total=config.n_batches)
-        for done, info in enumerate(_run_batches(config, str(corpus.root), workers, server.urls), 1):
+        for done, info in enumerate(_run_batches(config, str(corpus.root), workers, server.urls, ray), 1):
             if info.get("skipped"):
                 logger.info("batch %d already complete: skipped", info["batch"])
             else:

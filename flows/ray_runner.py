@@ -1,0 +1,58 @@
+"""Batches as Ray tasks on an existing cluster: the same unit (`produce_batch`) the local runner places.
+
+`synthesize(..., ray="127.0.0.1:6379" | "auto")` connects to a running cluster (`ray start --head`, more nodes
+with `ray start --address …`) and submits one task per batch not yet done; the flow waits for them as they
+finish. A batch is a config and an index in and shards out, written whole before its done-marker, so the corpus
+does not depend on where a batch ran (tested: identical rows to the local runner), and a worker that dies mid-batch
+(killed, out of memory, its node lost) has its task retried by Ray (`max_retries`) with nothing of the first
+attempt counted. Every node must see the corpus root at the same path (one machine, or a shared file system) and
+the project installed in the Python that runs its Ray worker (the venv `ray start` was run from). Endpoint URLs
+are passed as they are: the embedded model's server listens on 127.0.0.1 of the flow's machine, so nodes on other
+machines need a reachable endpoint (`agents.endpoints.*.base_url`) instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from flows.pipeline import produce_batch
+from generators.config import SynthesizeConfig
+from generators.llm import EndpointUnavailable
+
+MAX_RETRIES = 3
+"""Attempts after the first for a batch whose worker died, or whose model endpoint gave out."""
+
+
+def ray_batches(config: SynthesizeConfig, root: str, address: str, batches: list[int],
+                base_urls: dict[str, str], max_retries: int = MAX_RETRIES) -> Iterator[dict[str, Any]]:
+    """Each batch's info as it finishes on the cluster at ``address`` (``auto``: the one running here).
+
+    Raises:
+        ConnectionError: no cluster answers at ``address``; the message names it.
+    """
+    import ray
+
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level="warning",
+                 configure_logging=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise ConnectionError(f"no Ray cluster at {address!r}: {exc} (start one with `ray start --head`, or give "
+                              f"its address)") from None
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=[EndpointUnavailable])(produce_batch)
+    pending = {remote.remote(config, b, root, base_urls): b for b in batches}
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                batch = pending.pop(ref)
+                try:
+                    yield ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    cause = getattr(exc, "cause", None)
+                    raise RuntimeError(f"batch {batch} failed on the Ray cluster at {address}: "
+                                       f"{cause if cause is not None else exc}") from None
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        ray.shutdown()
