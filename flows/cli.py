@@ -107,6 +107,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
         try:
             summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers, ray=args.ray)
+        except ConnectionError as exc:  # --ray: no cluster answers
+            print(f"synthesize stopped: {exc}", file=sys.stderr)
+            return 3
         except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
             # what was finished is kept; the same command resumes (answers so far are in the request cache)
             print(f"synthesize stopped: {exc}", file=sys.stderr)

@@ -13,12 +13,35 @@ machines need a reachable endpoint (`agents.endpoints.*.base_url`) instead.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 from flows.pipeline import produce_batch
 from generators.config import SynthesizeConfig
 from generators.llm import EndpointUnavailable
+
+
+class ClusterUnreachable(ConnectionError):
+    """No Ray cluster answers at the address given; the message names it and says how to start one."""
+
+
+def check_cluster(address: str, timeout: float = 5.0) -> None:
+    """Fails in seconds where nothing listens at ``host:port`` (``ray.init`` would wait minutes, then exit the
+    process); ``auto`` and ``ray://`` addresses are left to Ray.
+
+    Raises:
+        ClusterUnreachable: nothing answers at ``address``.
+    """
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        raise ClusterUnreachable(f"no Ray cluster answers at {address!r} ({exc}); start one with `ray start --head "
+                                 f"--port PORT` and give its host:port, or `auto` for the one on this machine") from None
+
 
 MAX_RETRIES = 3
 """Attempts after the first for a batch whose worker died, or whose model endpoint gave out."""
@@ -29,16 +52,17 @@ def ray_batches(config: SynthesizeConfig, root: str, address: str, batches: list
     """Each batch's info as it finishes on the cluster at ``address`` (``auto``: the one running here).
 
     Raises:
-        ConnectionError: no cluster answers at ``address``; the message names it.
+        ClusterUnreachable: no cluster answers at ``address``; the message names it.
     """
     import ray
 
+    check_cluster(address)
     try:
         ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level="warning",
                  configure_logging=False)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise ConnectionError(f"no Ray cluster at {address!r}: {exc} (start one with `ray start --head`, or give "
-                              f"its address)") from None
+    except (ConnectionError, RuntimeError, ValueError, SystemExit) as exc:  # Ray exits when its GCS never answers
+        raise ClusterUnreachable(f"no Ray cluster at {address!r}: {exc} (start one with `ray start --head`, or give "
+                                 f"its address)") from None
     remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=[EndpointUnavailable])(produce_batch)
     pending = {remote.remote(config, b, root, base_urls): b for b in batches}
     try:

@@ -248,6 +248,10 @@ def synthesize(
         for name in {r.endpoint for r in config.agents.roles().values()}:
             if config.agents.endpoints[name].base_url:
                 check_reachable(name, config.agents.endpoints[name].base_url)
+    if ray and pending:  # fail in seconds where no cluster answers, before the model server starts
+        from flows.ray_runner import check_cluster
+
+        check_cluster(ray)
     server = ModelServer(config.agents.needs_embedded() and bool(pending), corpus)
     with server, Progress(TextColumn("synthesize"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   disable=not interactive) as bar:

@@ -117,3 +117,13 @@ def test_a_ray_worker_killed_mid_batch_gets_its_batch_retried_with_no_duplicate_
     assert done_before < 3 == len(list((root / "_runs").rglob("synthesize/*.done.json")))
     assert not list(root.rglob("*.tmp")), "partial files left behind"
     _same_corpus(root, local)
+
+
+def test_a_ray_address_where_no_cluster_answers_stops_the_run_in_seconds_naming_it(prefect_server, tmp_path):
+    port = free_port()
+    start = time.monotonic()
+    done = subprocess.run(_synthesize(tmp_path / "c", "--ray", f"127.0.0.1:{port}"), cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=subprocess_env(prefect_server, **RAY_ENV))
+    assert done.returncode == 3
+    assert f"synthesize stopped: no Ray cluster answers at '127.0.0.1:{port}'" in done.stderr
+    assert "ray start --head" in done.stderr and time.monotonic() - start < 120
