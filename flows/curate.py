@@ -27,7 +27,7 @@ from flows.server import hold_run
 from flows.synthesize import STAGE as SYNTHESIZE
 from flows.synthesize import ModelServer, endpoint_failed
 from generators.config import code_version
-from generators.llm import check_reachable
+from generators.llm import check_pool
 from schemas import SCHEMA_VERSION
 from storage import Corpus
 from storage.dedup import Contamination, bfcl_questions, find_duplicates
@@ -266,7 +266,7 @@ def curate(config: CurateConfig = CurateConfig(), corpus_root: str = "data/corpu
     if probing:
         for name in {config.necessity.endpoint, config.difficulty.endpoint}:
             if config.endpoints[name].base_url:
-                check_reachable(name, config.endpoints[name].base_url)
+                check_pool(name, config.endpoints[name])
     progress = create_progress_artifact(0.0, key=f"curate-{run_id}".lower(), description="Batches done")
     server = ModelServer(config.needs_embedded() and probing, corpus)
     with server:

@@ -25,7 +25,7 @@ from flows.server import hold_run
 from generators.config import SynthesizeConfig, code_version
 from generators.embedded import EmbeddedServer
 from generators.graph import Coverage
-from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable, check_reachable
+from generators.llm import EMBEDDED, USAGE_COUNTS, EndpointUnavailable, check_pool
 from generators.sources import open_sources
 from storage import Corpus
 
@@ -247,7 +247,7 @@ def synthesize(
     if any(config.llm_quota(b) for b in pending):  # fail in seconds, not after every retry of every batch
         for name in {r.endpoint for r in config.agents.roles().values()}:
             if config.agents.endpoints[name].base_url:
-                check_reachable(name, config.agents.endpoints[name].base_url)
+                check_pool(name, config.agents.endpoints[name])
     if ray and pending:  # fail in seconds where no cluster answers, before the model server starts
         from flows.ray_runner import check_cluster
 

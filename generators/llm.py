@@ -58,6 +58,12 @@ class EndpointConfig(StrictModel):
     output_cost_per_mtok: float = Field(0.0, ge=0, description="USD per million completion tokens.")
     transport: Literal["aiohttp", "openai"] = Field(
         "aiohttp", description="HTTP client: the lean aiohttp loop, or the openai SDK (same requests, more CPU per call).")
+    replicas: list[str] = Field(
+        default_factory=list, description="More base URLs serving the same model (vLLM replicas): requests go to "
+        "the least loaded; one that stops answering is taken out for replica_down_s and its requests re-sent to "
+        "the others. Cache and accounting are the endpoint's, whichever replica answered.")
+    replica_down_s: float = Field(30.0, ge=0, description="How long a replica that failed is left out before it "
+                                  "is tried again.")
 
 
 class Sampling(StrictModel):
@@ -93,6 +99,22 @@ class EndpointUnavailable(RuntimeError):
 
 class EndpointUnreachable(RuntimeError):
     """Nothing answers at an endpoint's address: checked before a run starts, so it fails in seconds."""
+
+
+def check_pool(name: str, endpoint: EndpointConfig, timeout_s: float = 5.0) -> None:
+    """``check_reachable`` for an endpoint and its replicas: enough that one answers (the others are taken out
+    and retried by the client)."""
+    urls = [u for u in (endpoint.base_url, *endpoint.replicas) if u]
+    problems = []
+    for url in urls:
+        try:
+            check_reachable(name, url, timeout_s)
+            return
+        except EndpointUnreachable as exc:
+            problems.append(str(exc))
+    if problems:
+        raise EndpointUnreachable(problems[0] if len(problems) == 1 else
+                                  f"no replica of endpoint {name!r} answers: {'; '.join(urls)}")
 
 
 def check_reachable(name: str, base_url: str, timeout_s: float = 5.0) -> None:
@@ -235,8 +257,22 @@ class _Retry(Exception):
         self.kind, self.detail, self.retry_after = kind, detail, retry_after
 
 
+@dataclass
+class _Replica:
+    """One server of an endpoint: its HTTP clients (per event loop), its load and when it may be tried again."""
+
+    base_url: str
+    session: Any = None
+    sdk: Any = None
+    sem: asyncio.Semaphore | None = None
+    load: int = 0
+    down_until: float = 0.0
+    answered: int = 0
+    failed: int = 0
+
+
 class LLMClient:
-    """Async chat completions against one endpoint.
+    """Async chat completions against one endpoint (one server, or a pool of replicas of one model).
 
     Args:
         name: The endpoint's name in the config ("embedded", "teacher", ...); part of the cache key, so that
@@ -251,14 +287,11 @@ class LLMClient:
     def __init__(self, name: str, endpoint: EndpointConfig, base_url: str, *, cache: RequestCache | None = None,
                  usage: Usage | None = None, run_id: str = "", budget: Budget | None = None):
         self.name, self.endpoint = name, endpoint
-        self.url = base_url.rstrip("/") + "/chat/completions"
         self.base_url = base_url.rstrip("/")
+        self.replicas = [_Replica(u.rstrip("/")) for u in dict.fromkeys([base_url, *endpoint.replicas]) if u]
         self.cache, self.run_id, self.budget = cache, run_id, budget or Budget()
         self.usage = usage if usage is not None else Usage()
-        self._sem: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session = None
-        self._sdk = None
         self._cool_until = 0.0
         self._api_key = os.environ.get(endpoint.api_key_env) or "none"
 
@@ -269,12 +302,13 @@ class LLMClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-        if self._sdk is not None:
-            await self._sdk.close()
-            self._sdk = None
+        for replica in self.replicas:
+            if replica.session is not None:
+                await replica.session.close()
+                replica.session = None
+            if replica.sdk is not None:
+                await replica.sdk.close()
+                replica.sdk = None
 
     def body(self, messages: list[dict[str, Any]], *, sampling: Sampling, tools: list[dict[str, Any]] | None = None,
              tool_choice: Any = None, schema: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -334,10 +368,20 @@ class LLMClient:
         """Sessions and semaphores belong to one event loop; a client reused under a new loop gets new ones."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            if self._session is not None and not self._session.closed:
-                await self._session.close()  # its loop is gone or idle; close what can be closed
-            self._session, self._sdk, self._loop = None, None, loop
-            self._sem = asyncio.Semaphore(self.endpoint.max_concurrency)
+            for replica in self.replicas:
+                if replica.session is not None and not replica.session.closed:
+                    await replica.session.close()  # its loop is gone or idle; close what can be closed
+                replica.session, replica.sdk = None, None
+                replica.sem = asyncio.Semaphore(self.endpoint.max_concurrency)
+            self._loop = loop
+
+    def _pick(self) -> _Replica:
+        """The least loaded replica that is up; if every one is out, the one due back first (a probe)."""
+        now = time.monotonic()
+        up = [r for r in self.replicas if r.down_until <= now]
+        if up:
+            return min(up, key=lambda r: (r.load, r.failed))
+        return min(self.replicas, key=lambda r: r.down_until)
 
     async def _send(self, body: dict[str, Any], phase: str, role: str) -> tuple[dict[str, Any], Completion]:
         if self._loop is not asyncio.get_running_loop():
@@ -348,38 +392,54 @@ class LLMClient:
             wait = self._cool_until - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
+            replica = self._pick()
+            replica.load += 1
             try:
-                async with self._sem:
-                    data = await (self._post_sdk(body) if ep.transport == "openai" else self._post(body))
-                return data, _parse(data)  # a 200 with a body we cannot use is retried like a server error
+                async with replica.sem:
+                    data = await (self._post_sdk(replica, body) if ep.transport == "openai"
+                                  else self._post(replica, body))
+                done = _parse(data)  # a 200 with a body we cannot use is retried like a server error
+                replica.answered += 1
+                replica.down_until = 0.0
+                return data, done
             except _Retry as exc:
                 last = f"{exc.kind}: {exc.detail}"
                 self.usage.add(phase, role, ep.model, **{exc.kind: 1})
                 if exc.kind == "rate_limited":
                     self._cool_until = max(self._cool_until, time.monotonic() + (exc.retry_after or ep.cooldown_s))
+                elif len(self.replicas) > 1:  # out for a while; the request goes to another replica at once
+                    replica.failed += 1
+                    replica.down_until = time.monotonic() + ep.replica_down_s
+                    last = f"{last} (at {replica.base_url})"
+                    if any(r.down_until <= time.monotonic() for r in self.replicas) and attempt < ep.max_retries:
+                        self.usage.add(phase, role, ep.model, retries=1)
+                        continue
             except ValueError as exc:
                 last = f"malformed: {exc}"
                 self.usage.add(phase, role, ep.model, malformed=1)
+            finally:
+                replica.load -= 1
             if attempt < ep.max_retries:
                 self.usage.add(phase, role, ep.model, retries=1)
                 delay = min(30.0, ep.backoff_s * 2 ** attempt)
                 await asyncio.sleep(delay * (0.5 + random.random() / 2))
+        where = ", ".join(r.base_url for r in self.replicas)
         raise EndpointUnavailable(
-            f"endpoint {self.name!r} ({self.base_url}, model {ep.model}) failed {ep.max_retries + 1} times; "
+            f"endpoint {self.name!r} ({where}, model {ep.model}) failed {ep.max_retries + 1} times; "
             f"last error {last}. Check that the server is up, or raise max_retries/timeout_s; "
             f"re-running resumes from the request cache.")
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, replica: _Replica, body: dict[str, Any]) -> dict[str, Any]:
         import aiohttp
 
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
+        if replica.session is None:
+            replica.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self.endpoint.max_concurrency, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(total=self.endpoint.timeout_s),
                 headers={"Authorization": f"Bearer {self._api_key}"},
             )
         try:
-            async with self._session.post(self.url, json=body) as resp:
+            async with replica.session.post(replica.base_url + "/chat/completions", json=body) as resp:
                 text = await resp.text()
                 status = resp.status
                 retry_after = resp.headers.get("retry-after")
@@ -389,16 +449,16 @@ class LLMClient:
             raise _Retry("connection_errors", f"{type(exc).__name__}: {exc}") from exc
         return _classify(status, text, retry_after, self.name)
 
-    async def _post_sdk(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post_sdk(self, replica: _Replica, body: dict[str, Any]) -> dict[str, Any]:
         import openai
 
-        if self._sdk is None:
-            self._sdk = openai.AsyncOpenAI(base_url=self.base_url, api_key=self._api_key, max_retries=0,
-                                           timeout=self.endpoint.timeout_s)
+        if replica.sdk is None:
+            replica.sdk = openai.AsyncOpenAI(base_url=replica.base_url, api_key=self._api_key, max_retries=0,
+                                             timeout=self.endpoint.timeout_s)
         known = {"model", "messages", "temperature", "top_p", "max_tokens", "seed", "tools", "tool_choice",
                  "response_format"}
         try:
-            raw = await self._sdk.chat.completions.with_raw_response.create(
+            raw = await replica.sdk.chat.completions.with_raw_response.create(
                 **{k: v for k, v in body.items() if k in known},
                 extra_body={k: v for k, v in body.items() if k not in known} or None)
         except openai.APITimeoutError as exc:

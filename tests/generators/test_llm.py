@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,10 +16,12 @@ from generators.llm import (
     BudgetExceeded,
     EndpointConfig,
     EndpointUnavailable,
+    EndpointUnreachable,
     LLMClient,
     LLMError,
     RequestCache,
     Sampling,
+    check_pool,
     request_key,
 )
 from schemas.tables import LLM_USAGE
@@ -162,13 +167,13 @@ def test_concurrency_is_bounded(server):
     in_flight, peak = 0, 0
     real_post = c._post
 
-    async def counting(body):
+    async def counting(replica, body):
         nonlocal in_flight, peak
         in_flight += 1
         peak = max(peak, in_flight)
         try:
             await asyncio.sleep(0.02)
-            return await real_post(body)
+            return await real_post(replica, body)
         finally:
             in_flight -= 1
 
@@ -182,3 +187,92 @@ def test_concurrency_is_bounded(server):
 
     asyncio.run(go())
     assert peak == 3
+
+
+# --- a pool of replicas -------------------------------------------------------------------------------------------
+
+
+def _replica(port: int, *args: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "tests.openai_server", "--port", str(port), *args],
+                            cwd=Path(__file__).resolve().parents[2], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/stats", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("replica did not start")
+
+
+def _served(port: int) -> int:
+    return httpx.get(f"http://127.0.0.1:{port}/stats", timeout=5).json().get("requests", 0)
+
+
+def test_a_pool_spreads_requests_over_its_replicas_and_survives_one_killed_mid_run(tmp_path):
+    """Two real servers behind one endpoint: requests go to the least loaded; one SIGKILLed with requests in flight
+    is taken out and those requests are answered by the other; the cache and the accounting are the endpoint's."""
+    ports = [free_port(), free_port()]
+    procs = [_replica(p, "--latency", "0.2") for p in ports]
+    try:
+        cache = RequestCache(tmp_path / "cache.sqlite")
+        c = LLMClient("pool", EndpointConfig(model="m", backoff_s=0.01, max_concurrency=2, replica_down_s=60,
+                                             replicas=[f"http://127.0.0.1:{ports[1]}/v1"]),
+                      f"http://127.0.0.1:{ports[0]}/v1", cache=cache)
+
+        async def go(n, offset=0):
+            try:
+                return await asyncio.gather(*(c.chat(MESSAGES, phase="s", role="r", sample=str(offset + i))
+                                              for i in range(n)))
+            finally:
+                await c.aclose()
+
+        first = asyncio.run(go(8))
+        assert len(first) == 8 and all(d.content for d in first)
+        spread = [_served(p) for p in ports]
+        assert spread == [4, 4], spread  # least loaded first: the pool fills both servers evenly
+
+        async def kill_soon():
+            await asyncio.sleep(0.3)  # the second batch of requests is in flight on both servers
+            procs[1].kill()
+
+        async def with_kill():
+            killer = asyncio.create_task(kill_soon())
+            try:
+                return await go(16, offset=100)
+            finally:
+                await killer
+
+        second = asyncio.run(with_kill())
+        assert len(second) == 16 and all(d.content for d in second)
+        assert _served(ports[0]) - spread[0] > 8  # more than its half: the killed one's requests came here
+        assert c.replicas[1].failed >= 1 and c.replicas[1].down_until > time.monotonic()
+        totals = c.usage.totals()
+        assert totals["requests"] == 24 and totals["connection_errors"] >= 1  # one ledger for the endpoint
+        assert len(cache) == 24
+        again = asyncio.run(go(8))  # the same requests: all from the cache, whichever replica answered them
+        assert [d.content for d in again] == [d.content for d in first] and all(d.cached for d in again)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_pool_whose_every_replica_is_down_fails_naming_them_all():
+    ports = [free_port(), free_port()]
+    c = LLMClient("pool", EndpointConfig(model="m", backoff_s=0.01, max_retries=2,
+                                         replicas=[f"http://127.0.0.1:{ports[1]}/v1"]),
+                  f"http://127.0.0.1:{ports[0]}/v1")
+
+    async def go():
+        try:
+            await c.chat(MESSAGES, phase="s", role="r", sample="x")
+        finally:
+            await c.aclose()
+
+    with pytest.raises(EndpointUnavailable, match=f"127.0.0.1:{ports[0]}/v1, http://127.0.0.1:{ports[1]}/v1"):
+        asyncio.run(go())
+    with pytest.raises(EndpointUnreachable, match="no replica of endpoint 'pool' answers"):
+        check_pool("pool", c.endpoint.model_copy(update={"base_url": f"http://127.0.0.1:{ports[0]}/v1"}))
