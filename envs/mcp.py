@@ -700,6 +700,15 @@ def _find_executable(name: str) -> str | None:
     return shutil.which(name)
 
 
+def _libraries_of(extensions: list[str] | tuple[str, ...]) -> list[str]:
+    """The shared libraries extension modules load (not the modules themselves), to be made visible."""
+    out: list[str] = []
+    for so in extensions:
+        with contextlib.suppress(SandboxUnavailable):  # an extension module that cannot load here anyway
+            out += binary_closure(so)[1:]
+    return out
+
+
 def _link_chain(path: str) -> list[str]:
     """Every path a symlink chain passes through (``venv/bin/python`` → ``…/python3`` → ``…/python3.11``)."""
     chain = [os.path.abspath(path)]
@@ -784,9 +793,7 @@ class MCPServer:
             visible.append(str(_RELAY))
             # the relay runs on this interpreter: the libraries its standard-library extensions load (libz…)
             prefix = os.path.dirname(os.path.dirname(python_executable()))
-            for so in glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so")):
-                with contextlib.suppress(SandboxUnavailable):
-                    visible += binary_closure(so)[1:]
+            visible += _libraries_of(glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so")))
         self.http = http
         self.read_only = tuple(dict.fromkeys((*visible, *read_only)))
         given = dict(env or {})
@@ -848,10 +855,13 @@ class MCPServer:
             extensions = (*glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "**", "*.so*"),
                                      recursive=True),
                           *glob.glob(os.path.join(prefix, "lib", "python3*", "lib-dynload", "*.so")))
-            for so in extensions:
-                with contextlib.suppress(SandboxUnavailable):  # an extension module that cannot load here anyway
-                    visible += binary_closure(so)[1:]
+            visible += _libraries_of(extensions)
         return argv, visible
+
+    def given(self, tool: str, path: str) -> list[Any]:
+        """The ``values`` given for an argument (``path``: a parameter, or a leaf such as ``entities[].name``):
+        those for ``tool.path``, else for ``path``."""
+        return list(self.values.get(f"{tool}.{path}") or self.values.get(path) or [])
 
     def open(self, seed: int | None = None) -> MCPEnvironment:
         """A new environment instance (a server process on a fresh copy of the initial working folder)."""
@@ -1120,8 +1130,7 @@ class MCPEnvironment:
             values.update(found)
         if values:
             return sorted(values, key=lambda v: (type(v).__name__, str(v)))[:500]
-        given = self.source.values
-        return list(given.get(f"{tool}.{param}") or given.get(param) or [])
+        return self.source.given(tool, param)
 
     def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
         return []
@@ -1135,8 +1144,7 @@ class MCPEnvironment:
         (``entityName`` ↔ ``name`` of ``…:entity`` records; ``entityNames[]`` ↔ the same, singular), else its
         enum. None of them: no value (the parameter cannot be bound). Whole values given for ``tool.param`` or
         ``param`` (``files: [["todo.txt"]]``) are taken as they are."""
-        given = self.source.values.get(f"{tool}.{param}") or self.source.values.get(param) or []
-        whole = [v for v in given if isinstance(v, list if _kind(schema) == "array" else dict)]
+        whole = [v for v in self.source.given(tool, param) if isinstance(v, list if _kind(schema) == "array" else dict)]
         if whole:
             return whole
         out: list[Any] = []
@@ -1167,7 +1175,7 @@ class MCPEnvironment:
             found = self._compose(tool, f"{path}[]", items if isinstance(items, dict) else {}, leaves, variant,
                                   depth + 1)
             return None if found is None else [found]
-        given = self.source.values.get(f"{tool}.{path}") or self.source.values.get(path)
+        given = self.source.given(tool, path)
         value = given[variant % len(given)] if given else None
         if value is None and self.source.propose is not None:
             value = self.source.propose(tool, path, dict(leaves), self, variant)

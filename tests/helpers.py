@@ -86,3 +86,32 @@ def need_mcp_server(servers: dict, name: str) -> None:
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
+
+
+def pids_cgroup_available() -> bool:
+    """Whether a sandbox that may start processes can be bounded here (a pids cgroup can be made)."""
+    from sandbox import SandboxUnavailable, pids_cgroup_parent
+
+    try:
+        pids_cgroup_parent()
+        return True
+    except SandboxUnavailable:
+        return False
+
+
+def need_pids_cgroup() -> None:
+    """Skip where no pids cgroup can be made (such servers are refused there, which the refusal tests cover); in
+    CI (``CI`` set) that is a failure, since CI runs as root with cgroup v1's pids controller, where the tests
+    claiming that programs run bounded must run."""
+    import os
+
+    import pytest
+
+    from sandbox import SandboxUnavailable, pids_cgroup_parent
+
+    try:
+        pids_cgroup_parent()
+    except SandboxUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"no pids cgroup here: {exc.reason}")
+        pytest.skip(f"no pids cgroup here: {exc.reason}")

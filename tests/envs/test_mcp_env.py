@@ -34,7 +34,7 @@ from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
 from generators.tasks import sample_tasks
 from sandbox.boundary import SandboxUnavailable, availability, python_executable
-from tests.helpers import need_mcp_server, pids_with_marker
+from tests.helpers import need_mcp_server, need_pids_cgroup, pids_cgroup_available, pids_with_marker
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
 
@@ -586,16 +586,6 @@ def git_state(tmp_path_factory) -> Path:
     return repo
 
 
-def _pids_cgroup() -> bool:
-    from sandbox import pids_cgroup_parent
-
-    try:
-        pids_cgroup_parent()
-        return True
-    except SandboxUnavailable:
-        return False
-
-
 @needs_boundary
 def test_a_server_that_starts_processes_is_killed_unless_its_programs_are_named(servers, git_state):
     """mcp-server-git runs git for every call: under the SERVER policy its first fork is fatal (SIGSYS)."""
@@ -610,7 +600,7 @@ def test_mcp_server_git_runs_git_in_a_pids_cgroup_and_its_repository_is_state(se
     state read canonically: refs and index entries as tables, reflogs (wall clock) left out, objects by content;
     a fixed identity and clock make two copies that get the same calls end in the same state."""
     _need(servers, "git")
-    if not _pids_cgroup():
+    if not pids_cgroup_available():
         with pytest.raises(SandboxUnavailable, match="pids cgroup"):
             mcp_source(GIT, state=git_state, programs=("git",)).open()
         return
@@ -643,8 +633,7 @@ def test_tasks_on_the_git_server_are_checked_by_their_state_diff_and_pass_their_
     """The server answers in prose ("Files staged successfully"), so a task has no answer to check: one that
     writes is checked by its state diff alone, and its controls still fail; a plan of reads only is no task."""
     _need(servers, "git")
-    if not _pids_cgroup():
-        pytest.skip("no pids cgroup here: the server is refused (tested above)")
+    need_pids_cgroup()
     with mcp_source(GIT, state=git_state, programs=("git",), values=GIT_VALUES).open() as env:
         sampled, accepted = _pipeline(env, 3, SamplingConfig(depth_min=1, depth_max=1), None)
         assert accepted, [t.reference_plan for t in sampled]
@@ -662,7 +651,7 @@ def test_a_streamable_http_server_is_reached_through_a_relay_in_its_own_sandbox(
     instances listen on the same port at once (each sandbox has its own loopback) and neither is reachable from
     here; node's V8 reserves more address space than RLIMIT_AS would allow, so the memory cgroup bounds it."""
     _need(servers, "everything")
-    if not _pids_cgroup():
+    if not pids_cgroup_available():
         with pytest.raises(SandboxUnavailable, match="pids cgroup"):
             mcp_source(EVERYTHING, http="http://127.0.0.1:3001/mcp", env={"PORT": "3001"}).open()
         return
@@ -681,8 +670,7 @@ def test_a_streamable_http_server_is_reached_through_a_relay_in_its_own_sandbox(
 @needs_boundary
 def test_a_streamable_http_server_that_never_listens_is_an_error_naming_it(servers):
     _need(servers, "everything")
-    if not _pids_cgroup():
-        pytest.skip("no pids cgroup here: such a server is refused (tested above)")
+    need_pids_cgroup()
     source = mcp_source(EVERYTHING, http="http://127.0.0.1:39218/mcp", env={"PORT": "39219"}, start_timeout=5)
     with pytest.raises(MCPError, match=r"(?s)mcp-server-everything streamableHttp.*nothing listens on 127.0.0.1:39218"):
         source.open()

@@ -24,7 +24,8 @@ from sandbox import (
     run_check,
     sandboxed,
 )
-from sandbox.boundary import binary_closure
+from sandbox.boundary import binary_closure, pids_cgroup_parent
+from tests.helpers import need_pids_cgroup, pids_cgroup_available
 
 REPO = Path(__file__).resolve().parents[2]
 NOBODY = 65534
@@ -285,15 +286,6 @@ else:
 """
 
 
-def _pids_here() -> str | None:
-    from sandbox import pids_cgroup_parent
-
-    try:
-        return pids_cgroup_parent()
-    except SandboxUnavailable:
-        return None
-
-
 def test_a_policy_with_processes_bounds_a_fork_bomb_by_its_pids_cgroup_and_removes_it(tmp_path):
     """SERVER_WITH_PROGRAMS lets a server fork, up to its pids.max (64 tasks with bwrap and pid 1); every process
     is killed and the group removed when the sandbox ends. Without the policy the first fork is fatal (SIGSYS)."""
@@ -302,14 +294,14 @@ def test_a_policy_with_processes_bounds_a_fork_bomb_by_its_pids_cgroup_and_remov
     program = tmp_path / "forker.py"
     program.write_text(FORKER)
     limits = Limits(cpu_seconds=20, wall_seconds=None, memory_mb=512)
-    parent = _pids_here()
     spec = Spec(argv=(str(program),), mode="python", policy=SERVER_WITH_PROGRAMS, limits=limits,
                 read_only=(str(program),))
-    if parent is None:  # a machine that cannot bound processes refuses such a server instead of running it
+    if not pids_cgroup_available():  # a machine that cannot bound processes refuses such a server instead of running it
         with pytest.raises(SandboxUnavailable, match="pids cgroup"):
             with sandboxed(spec):
                 pass
         return
+    parent = pids_cgroup_parent()
     before = set(os.listdir(parent))
     with sandboxed(spec, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         out, err = proc.communicate(timeout=60)
@@ -350,8 +342,7 @@ def test_the_loopback_policy_allows_ip_sockets_on_the_sandbox_loopback_only(tmp_
     host's loopback is another namespace and not reachable, and other socket families (netlink) are fatal."""
     from sandbox import SERVER_ON_LOOPBACK
 
-    if _pids_here() is None:
-        pytest.skip("no pids cgroup here: the policy is refused (tested above)")
+    need_pids_cgroup()
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
