@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.pipeline import run_batch  # noqa: E402
 from generators.config import SynthesizeConfig  # noqa: E402
+from stages.synthesize import run_batch  # noqa: E402
 from storage import Corpus  # noqa: E402
 from storage.integrity import MARKER_VERSION, diagnose, record_written  # noqa: E402
 

@@ -3,7 +3,7 @@
     python benchmarks/ray_batches.py [--batches 8] [--batch-size 20]
 
 The same batches (retail + banking, scripted agents, the default 3% code checks) are produced three ways, each
-into a fresh corpus: by the local runner in this process (`produce_batch` in a loop), on a real local Ray
+into a fresh corpus: by the local runner in this process (`stages.contract.execute` in a loop), on a real local Ray
 cluster of one node with one CPU, and on the same cluster after a second node with one CPU joins (`ray start
 --address …`). Prints seconds per batch, the Ray path's per-batch overhead against the local runner (one node,
 one CPU: the same serial work plus Ray's scheduling, serialisation and worker start), and batches per second
@@ -24,9 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flows.pipeline import produce_batch  # noqa: E402
-from flows.ray_runner import ray_batches  # noqa: E402
+from flows.ray_runner import ray_jobs  # noqa: E402
 from generators.config import SynthesizeConfig  # noqa: E402
+from stages.contract import JobContext, execute  # noqa: E402
+from stages.synthesize import SynthesizeStage  # noqa: E402
 from storage import Corpus  # noqa: E402
 
 RAY = Path(sys.executable).with_name("ray")
@@ -35,6 +36,11 @@ RAY = Path(sys.executable).with_name("ray")
 def ray(*args: str) -> None:
     subprocess.run([str(RAY), *args], check=True, capture_output=True, timeout=300,
                    env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+
+
+def ray_batches(stage: SynthesizeStage, root: str, address: str, batches: list[int]):
+    jobs = [j for j in stage.plan(Corpus(root)) if j.batch in batches]
+    return ray_jobs(stage, jobs, JobContext(root), address)
 
 
 def task_ids(root: str) -> list[str]:
@@ -49,24 +55,26 @@ def main() -> None:
     args = parser.parse_args()
     config = SynthesizeConfig(n_tasks=args.batches * args.batch_size, batch_size=args.batch_size,
                               run_name="raybench", domains=["retail", "banking"], agents={"llm_tasks": 0})
+    stage = SynthesizeStage(config)
     batches = list(range(config.n_batches))
     with tempfile.TemporaryDirectory(prefix="synthloop-raybench-") as tmp:
         roots = {k: os.path.join(tmp, k) for k in ("local", "one", "two")}
         start = time.perf_counter()
-        inside = {"local": [produce_batch(config, b, roots["local"])["duration_s"] for b in batches]}
+        inside = {"local": [execute(stage, job, JobContext(roots["local"]))["duration_s"]
+                            for job in stage.plan(Corpus(roots["local"]))]}
         local = time.perf_counter() - start
         address = f"127.0.0.1:{args.port}"
         ray("start", "--head", "--port", str(args.port), "--num-cpus", "1", "--include-dashboard=false",
             "--disable-usage-stats")
         try:
-            list(ray_batches(config, os.path.join(tmp, "warm"), address, [0], {}))  # workers started once
+            list(ray_batches(stage, os.path.join(tmp, "warm"), address, [0]))  # workers started once
             start = time.perf_counter()
-            inside["one"] = [i["duration_s"] for i in ray_batches(config, roots["one"], address, batches, {})]
+            inside["one"] = [i["duration_s"] for i in ray_batches(stage, roots["one"], address, batches)]
             one = time.perf_counter() - start
             ray("start", "--address", address, "--num-cpus", "1")
-            list(ray_batches(config, os.path.join(tmp, "warm2"), address, [0, 1], {}))
+            list(ray_batches(stage, os.path.join(tmp, "warm2"), address, [0, 1]))
             start = time.perf_counter()
-            inside["two"] = [i["duration_s"] for i in ray_batches(config, roots["two"], address, batches, {})]
+            inside["two"] = [i["duration_s"] for i in ray_batches(stage, roots["two"], address, batches)]
             two = time.perf_counter() - start
         finally:
             ray("stop", "--force")

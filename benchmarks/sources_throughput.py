@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from envs import Environment, get_domain  # noqa: E402
 from envs.mcp import database_file  # noqa: E402
-from flows.pipeline import run_batch  # noqa: E402
 from generators.config import EnvironmentSource, SynthesizeConfig  # noqa: E402
+from stages.synthesize import run_batch  # noqa: E402
 
 CATALOGS = ROOT.parent / "shared" / "catalogs" / "openapi"
 # no model here, so free-form SQL comes from fixed candidates; the memory server's arguments come from its state

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flows.pipeline import run_batch  # noqa: E402
 from generators.config import SynthesizeConfig  # noqa: E402
+from stages.synthesize import run_batch  # noqa: E402
 
 
 def measure(n_tasks: int, code_share: float, seed: int) -> dict[str, float]:

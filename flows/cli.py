@@ -122,7 +122,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
 
 
 def _load_curate_config(args: argparse.Namespace):
-    from flows.probes import CurateConfig
+    from stages.curate import CurateConfig
 
     data = read_config_file(args.config)
     for key in ("run_name", "seed", "batch_size"):
@@ -243,7 +243,7 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
 
 
 def cmd_loop(args: argparse.Namespace) -> int:
-    from flows.loop import LoopConfig
+    from stages.select import LoopConfig
 
     data = read_config_file(args.config)
     if args.rounds:

@@ -1,7 +1,7 @@
-"""Batches as Ray tasks on an existing cluster: the same unit (`produce_batch`) the local runner places.
+"""Jobs as Ray tasks on an existing cluster: the same unit (`stages.contract.execute`) the local runner places.
 
 `synthesize(..., ray="127.0.0.1:6379" | "auto")` connects to a running cluster (`ray start --head`, more nodes
-with `ray start --address …`) and submits one task per batch not yet done; the flow waits for them as they
+with `ray start --address …`) and submits one task per job not yet done; the flow waits for them as they
 finish. A batch is a config and an index in and shards out, written whole before its done-marker, so the corpus
 does not depend on where a batch ran (tested: identical rows to the local runner), and a worker that dies mid-batch
 (killed, out of memory, its node lost) has its task retried by Ray (`max_retries`) with nothing of the first
@@ -17,9 +17,8 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from flows.pipeline import produce_batch
-from generators.config import SynthesizeConfig
 from generators.llm import EndpointUnavailable
+from stages.contract import Job, JobContext, Stage, execute
 
 
 class ClusterUnreachable(ConnectionError):
@@ -47,9 +46,9 @@ MAX_RETRIES = 3
 """Attempts after the first for a batch whose worker died, or whose model endpoint gave out."""
 
 
-def ray_batches(config: SynthesizeConfig, root: str, address: str, batches: list[int],
-                base_urls: dict[str, str], max_retries: int = MAX_RETRIES) -> Iterator[dict[str, Any]]:
-    """Each batch's info as it finishes on the cluster at ``address`` (``auto``: the one running here).
+def ray_jobs(stage: Stage, jobs: list[Job], context: JobContext, address: str,
+             max_retries: int = MAX_RETRIES) -> Iterator[dict[str, Any]]:
+    """Each job's info as it finishes on the cluster at ``address`` (``auto``: the one running here).
 
     Raises:
         ClusterUnreachable: no cluster answers at ``address``; the message names it.
@@ -63,18 +62,18 @@ def ray_batches(config: SynthesizeConfig, root: str, address: str, batches: list
     except (ConnectionError, RuntimeError, ValueError, SystemExit) as exc:  # Ray exits when its GCS never answers
         raise ClusterUnreachable(f"no Ray cluster at {address!r}: {exc} (start one with `ray start --head`, or give "
                                  f"its address)") from None
-    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=[EndpointUnavailable])(produce_batch)
-    pending = {remote.remote(config, b, root, base_urls): b for b in batches}
+    remote = ray.remote(num_cpus=1, max_retries=max_retries, retry_exceptions=[EndpointUnavailable])(execute)
+    pending = {remote.remote(stage, job, context): job for job in jobs}
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                batch = pending.pop(ref)
+                job = pending.pop(ref)
                 try:
                     yield ray.get(ref)
                 except ray.exceptions.RayError as exc:
                     cause = getattr(exc, "cause", None)
-                    raise RuntimeError(f"batch {batch} failed on the Ray cluster at {address}: "
+                    raise RuntimeError(f"{job.title} failed on the Ray cluster at {address}: "
                                        f"{cause if cause is not None else exc}") from None
     finally:
         for ref in pending:

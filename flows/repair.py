@@ -51,7 +51,7 @@ def _rerun(corpus: Corpus, run_id: str, manifest: dict[str, Any]) -> None:
         synthesize(config=config, corpus_root=root)
     elif stage == "curate":
         from flows.curate import curate
-        from flows.probes import CurateConfig
+        from stages.curate import CurateConfig
 
         config, sources = CurateConfig(**data), list(manifest.get("sources") or [])
         _same_run(run_id, config.run_id(sources))
@@ -64,7 +64,8 @@ def _rerun(corpus: Corpus, run_id: str, manifest: dict[str, Any]) -> None:
         _same_run(run_id, config.run_id())
         train(config=config, corpus_root=root)
     elif stage == "loop":
-        from flows.loop import LoopConfig, loop
+        from flows.loop import loop
+        from stages.select import LoopConfig
 
         config = LoopConfig(**data)
         _same_run(run_id, config.run_id())

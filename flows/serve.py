@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from flows.curate import curate
-from flows.loop import LoopConfig, loop
-from flows.probes import CurateConfig
+from flows.loop import loop
 from flows.synthesize import synthesize
 from flows.train import train
 from generators.config import SynthesizeConfig
+from stages.curate import CurateConfig
+from stages.select import LoopConfig
 from training.config import TrainConfig
 
 FLOWS = {"synthesize": synthesize, "curate": curate, "train": train, "loop": loop}

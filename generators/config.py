@@ -3,28 +3,21 @@ renders the same documentation as a form."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from functools import lru_cache
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, JsonValue, field_validator, model_validator
 
 from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
+from storage.identity import code_digest, run_identity
+
+CORPUS_CODE = ("envs", "generators", "verifiers", "sandbox")
+"""The packages whose source shapes every corpus row (environments, sampling, agents, verifiers, the sandbox)."""
 
 
-@lru_cache(maxsize=1)
 def code_version() -> str:
-    """Hash of the source of every package that shapes a corpus (environments, generators, verifiers, sandbox)."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    for package in ("envs", "generators", "verifiers", "sandbox"):
-        for path in sorted([*(root / package).rglob("*.py"), *(root / package).rglob("prompts/*.md")]):
-            digest.update(path.relative_to(root).as_posix().encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    """Hash of the source of every package that shapes a corpus (recorded in each manifest)."""
+    return code_digest(CORPUS_CODE)
 
 
 class SamplingConfig(StrictModel):
@@ -189,7 +182,9 @@ class AgentsConfig(StrictModel):
 class SynthesizeConfig(StrictModel):
     """One synthesis run: which domains, how many tasks, how they are sampled, where the corpus goes."""
 
-    run_name: RunName = Field("default", description="Name of the run; with the config fingerprint it forms the "
+    CODE_SCOPE: ClassVar[tuple[str, ...]] = (*CORPUS_CODE, "stages/synthesize.py", "stages/rollouts.py")
+
+    run_name: RunName = Field("default", description="Name of the run; with the config's hash it forms the "
                               f"run id. {RUN_NAME_HELP}")
     seed: int = Field(0, description="Master seed; the same config always produces the same corpus.")
     domains: list[str] = Field(
@@ -256,21 +251,19 @@ class SynthesizeConfig(StrictModel):
     def n_batches(self) -> int:
         return -(-self.n_tasks // self.batch_size)
 
-    def fingerprint(self) -> str:
-        """Hash of everything that changes the output, the code included; a re-run with the same fingerprint
-        resumes, and one after a code change starts a new run instead of mixing old and new batches.
-
-        A user's source counts by content (the catalog's files, the plugin's source, the MCP state folder), so
-        editing a spec makes a new run even though its path is the same."""
+    def asked(self) -> dict:
+        """Everything besides the code that changes the output. A user's source counts by content (the catalog's
+        files, the plugin's source, the MCP state folder), so editing a spec makes a new run even though its path
+        is the same."""
         sources = {}
         if self.environments:
             from generators.sources import content_hash
 
             sources = {f"{s.kind}:{s.ref}": content_hash(s) for s in self.environments}
-        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code_version(),
-                           **({"sources": sources} if sources else {})}, sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        return {"config": self.model_dump(mode="json"), **({"sources": sources} if sources else {})}
 
     @property
     def run_id(self) -> str:
-        return f"{self.run_name}-{self.fingerprint()[:8]}"
+        """A re-run of the same config resumes; one after a change to the code in ``CODE_SCOPE`` starts a new run
+        instead of mixing old and new batches."""
+        return run_identity(self.run_name, self.asked(), self.CODE_SCOPE)

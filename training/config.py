@@ -4,13 +4,12 @@ No Prefect import here: the CLI builds the config before it sets the Prefect API
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
+from storage.identity import run_identity
 from training.grpo import GRPOSettings
 from training.sft import SFTSettings
 
@@ -29,6 +28,8 @@ class EvalSettings(StrictModel):
 class TrainConfig(StrictModel):
     """One training run: which stages, on which corpus split, evaluated how."""
 
+    CODE_SCOPE: ClassVar[tuple[str, ...]] = ("training", "stages/train.py")
+
     run_name: RunName = Field("train", description=f"Name of the run; with the config's hash it forms the run id. "
                                                   f"{RUN_NAME_HELP}")
     sft: SFTSettings | None = Field(default_factory=SFTSettings, description="SFT stage settings; null = skip SFT.")
@@ -44,8 +45,4 @@ class TrainConfig(StrictModel):
 
     def run_id(self) -> str:
         """Hash of the config and of the training code (a new chat template must not resume an old run)."""
-        code = hashlib.sha256()
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            code.update(path.name.encode() + path.read_bytes())
-        blob = json.dumps({"config": self.model_dump(mode="json"), "code": code.hexdigest()}, sort_keys=True)
-        return f"{self.run_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+        return run_identity(self.run_name, {"config": self.model_dump(mode="json")}, self.CODE_SCOPE)

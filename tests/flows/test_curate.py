@@ -8,8 +8,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from flows.probes import CurateConfig
 from generators.config import SynthesizeConfig
+from stages.curate import CurateConfig
 from storage import Corpus, export_selection
 from storage.selections import SELECTIONS
 from tests.helpers import SCRIPTED, free_port

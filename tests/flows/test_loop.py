@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_loop():
-    from flows.loop import LoopConfig
+    from stages.select import LoopConfig
 
     return LoopConfig(
         run_name="tiny",

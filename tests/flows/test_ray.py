@@ -90,7 +90,7 @@ def _batch_workers() -> list[int]:
                 cmdline = Path("/proc", entry, "cmdline").read_bytes()
             except OSError:
                 continue
-            if cmdline.startswith(b"ray::produce_batch"):
+            if cmdline.startswith(b"ray::execute"):
                 found.append(int(entry))
     return found
 

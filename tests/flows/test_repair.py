@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.probes import CurateConfig
 from generators.config import SynthesizeConfig
+from stages.curate import CurateConfig
 from storage import Corpus
 from tests.helpers import REPO, SCRIPTED, subprocess_env
 
@@ -142,8 +142,8 @@ def test_curate_refuses_a_damaged_source_and_redoes_its_own_damaged_batch(clean,
 
 
 def test_repair_refuses_a_run_its_config_no_longer_names_and_one_without_a_config(tmp_path):
-    from flows.pipeline import run_batch
     from flows.repair import repair
+    from stages.synthesize import run_batch
 
     small = SynthesizeConfig(n_tasks=4, batch_size=4, run_name="small", agents=SCRIPTED)
     corpus = Corpus(tmp_path / "corpus")

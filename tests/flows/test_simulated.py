@@ -8,10 +8,10 @@ import json
 import pytest
 
 from envs.simulated import SimulatedEnvironment
-from flows.pipeline import run_batch
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.sources import SourceError, open_sources
 from schemas import Task, Tool
+from stages.synthesize import run_batch
 from tests.helpers import SCRIPTED, free_port
 from tests.openai_server import running
 

@@ -113,7 +113,7 @@ class Crashing(Domain):
 
 def test_a_plugin_that_dies_fails_its_batch_naming_the_plugin_and_keeps_nothing_half_done(tmp_path):
     from envs.plugin import PluginError
-    from flows.pipeline import run_batch
+    from stages.synthesize import run_batch
 
     (tmp_path / "crashy").mkdir()
     (tmp_path / "crashy" / "__init__.py").write_text("")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from generators.config import SynthesizeConfig
+from generators.config import SynthesizeConfig, code_version
 from storage import Corpus
 from tests.helpers import SCRIPTED
 
@@ -33,7 +33,7 @@ def test_flow_writes_one_shard_per_table_and_batch(run):
     assert con.execute("SELECT count(*), count(DISTINCT task_id) FROM tasks").fetchone() == (60, 60)
     assert (root / "catalog.duckdb").exists()
     assert corpus.manifest(config.run_id)["status"] == "complete"
-    assert corpus.manifest(config.run_id)["fingerprint"] == config.fingerprint()
+    assert corpus.manifest(config.run_id)["code_version"] == code_version()
 
 
 def test_accepted_means_reference_passes_and_every_control_fails(run):

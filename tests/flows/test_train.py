@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
+from stages.synthesize import run_batch
 from storage import Corpus
 from tests.helpers import SCRIPTED
 

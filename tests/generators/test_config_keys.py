@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from flows.loop import LoopConfig  # with the imports below: every config model of the project is defined
-from flows.probes import CurateConfig
 from generators.config import SynthesizeConfig
 from generators.strict import RUN_NAME_PATTERN, StrictModel, describe
+from stages.curate import CurateConfig
+from stages.select import LoopConfig  # with the imports below: every config model of the project is defined
 from training.config import TrainConfig
 
 

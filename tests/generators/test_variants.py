@@ -23,10 +23,10 @@ from collections import defaultdict
 import pytest
 
 from envs import DOMAINS
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from generators.variants import VariantSeed, bias_measure, jaccard, seed_from_task, signature_match_sql
 from schemas import Task
+from stages.synthesize import run_batch
 from storage import Corpus
 from tests.helpers import SCRIPTED
 

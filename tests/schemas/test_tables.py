@@ -19,11 +19,11 @@ import jsonschema
 import pyarrow.parquet as pq
 import pytest
 
-from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from generators.llm import Usage
 from generators.sources import open_sources
 from schemas import SCHEMA_VERSION, TABLES, Task
+from stages.synthesize import catalog_rows, run_batch
 from tests.helpers import SCRIPTED
 
 # Keys of the OpenAI message struct that a message may omit; Arrow stores an omitted key as null.
@@ -36,9 +36,8 @@ def _curation_rows(tables: dict[str, list[dict[str, Any]]], root) -> dict[str, l
     """Rows of the curation tables made by their real builders on the batch (the controls stand in for
     policy rollouts, the reference for a no-tool attempt's verdict; no model needed)."""
     from envs import Environment, get_domain
-    from flows.curate import dedup_rows
-    from flows.probes import CurateConfig, difficulty_row, necessity_row
     from schemas import Trajectory
+    from stages.curate import CurateConfig, dedup_rows, difficulty_row, necessity_row
     from storage import Corpus
     from verifiers.checks import verify
     from verifiers.difficulty import difficulty
@@ -87,7 +86,7 @@ def _loop_rows(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[s
     (the flows' own tests write real ones through the same validation)."""
     import time
 
-    from flows.train import grpo_step_row
+    from stages.train import grpo_step_row
 
     task = tables["tasks"][0]
     metrics = {"step": 1, "reward_mean": 0.15, "reward_std_per_group": [0.3], "groups": 1, "groups_dropped": 0,

@@ -21,10 +21,10 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from generators.sources import open_sources
 from schemas import TABLES
+from stages.synthesize import catalog_rows, run_batch
 from storage import Corpus, export_trl
 from tests.helpers import SCRIPTED
 

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
+from stages.synthesize import run_batch
 from storage.dedup import Contamination, bfcl_questions, content_hash, find_duplicates, template_words, words
 from storage.external import default_bfcl_root
 from tests.helpers import SCRIPTED

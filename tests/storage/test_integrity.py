@@ -26,9 +26,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from generators.sources import open_sources
+from stages.synthesize import catalog_rows, run_batch
 from storage import Corpus, export_trl
 from tests.helpers import SCRIPTED
 

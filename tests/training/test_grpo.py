@@ -10,9 +10,9 @@ import json
 import pytest
 
 from envs import Environment, get_domain
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from schemas import Task, Trajectory
+from stages.synthesize import run_batch
 from storage import Corpus
 from tests.helpers import SCRIPTED
 from training.grpo import GRPOSettings, TransformersEngine, advantages, loss_tokens, reward, rollout_groups, trend

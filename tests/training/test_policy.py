@@ -8,8 +8,8 @@ import json
 import pytest
 
 from envs import Environment, get_domain
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
+from stages.synthesize import run_batch
 from tests.helpers import SCRIPTED
 from training.policy import load_tokenizer, parse_assistant, policy_path, render
 

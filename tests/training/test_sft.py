@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
+from stages.synthesize import run_batch
 from storage import Corpus
 from tests.helpers import SCRIPTED
 from training.evaluate import evaluate, held_out_sql, offered_tools

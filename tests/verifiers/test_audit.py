@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
+from stages.synthesize import run_batch
 from storage import Corpus
 from tests.helpers import SCRIPTED
 from verifiers.audit import MUTATIONS, audit

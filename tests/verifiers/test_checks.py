@@ -155,7 +155,7 @@ class Case:
 
 
 def _case(env: Environment, task: Task, rng: random.Random) -> Case:
-    """Reference and negative controls, as ``flows.pipeline.run_batch`` produces them."""
+    """Reference and negative controls, as ``stages.synthesize.run_batch`` produces them."""
     ref_env = env.fork()
     reference = run_episode(task, ScriptedUser(task), OracleAssistant(task), ref_env, role="reference",
                             trajectory_id=f"{task.task_id}-reference")

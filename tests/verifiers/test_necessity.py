@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from envs import Environment, get_domain
-from flows.pipeline import run_batch
 from generators.agents import ScriptedUser, run_episode
 from generators.config import SynthesizeConfig
 from schemas import Task, Trajectory
+from stages.synthesize import run_batch
 from tests.helpers import SCRIPTED
 from verifiers.checks import verify
 from verifiers.necessity import (

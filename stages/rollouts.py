@@ -1,7 +1,8 @@
 """The LLM stage of a batch: the task writer rewrites requests, the teacher assistant rolls out against the
 environment and the simulated user, the verifier judges, and failed attempts are retried with a hint.
 
-Plain functions and one small class, no Prefect: ``run_batch`` drives it with its own event loop.
+Plain functions and one small class, no Prefect: ``stages.synthesize.run_batch`` drives it with its own event
+loop.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from generators.config import SynthesizeConfig
 from generators.llm import BudgetExceeded, Endpoints, RequestCache, canonical
 from generators.llm_agents import LLMAssistant, LLMUser, TaskWriter, ToolMock, ValueWriter, feedback_hint, plan_hint
 from schemas import Task, Tool, Trajectory, Verdict
+from stages.progress import Progress
 from verifiers.checks import verify
 
 
@@ -43,6 +45,7 @@ class LLMStage:
     config: SynthesizeConfig
     base_urls: dict[str, str]
     cache_path: str | None
+    progress: Progress = field(default_factory=lambda: Progress(None, ""))
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
@@ -122,10 +125,16 @@ class LLMStage:
     def rollouts(self, jobs: list[tuple[Task, Environment]]) -> list[Attempt]:
         """Teacher rollouts for accepted tasks, ``agents.concurrency`` conversations at a time."""
         sem = asyncio.Semaphore(self.config.agents.concurrency)
+        finished = 0
+        self.progress("LLM rollouts (tasks finished)", 0, len(jobs))
 
         async def one(task: Task, env: Environment) -> list[Attempt]:
+            nonlocal finished
             async with sem:
-                return await self._teach(task, env)
+                attempts = await self._teach(task, env)
+            finished += 1
+            self.progress("LLM rollouts (tasks finished)", finished, len(jobs))
+            return attempts
 
         async def all_jobs() -> list[list[Attempt]]:
             return await asyncio.gather(*(one(t, e) for t, e in jobs))

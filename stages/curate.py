@@ -1,9 +1,12 @@
-"""The curation probes of one batch of tasks, and the knobs of a curate run.
+"""The ``curate`` stage: dedup and decontamination across the corpus, then necessity and difficulty probes in
+batches, every decision written as a column (tables ``dedup``, ``necessity``, ``difficulty``; views
+``curation``, ``split_sft_v1``, ``split_rl_v1``).
 
-For every task of the batch whose reference passes: call ablation down to ``min_calls``. For the tasks drawn
-for the model probes: ``necessity.k`` no-tool attempts of the target model and ``difficulty.k`` rollouts of
-the policy, every one judged by the task's own verifier. Plain functions and one small class, no Prefect:
-the ``curate`` flow runs one :func:`run_curate_batch` per Prefect task.
+For every task of a batch whose reference passes: call ablation down to ``min_calls``. For the tasks drawn for
+the model probes: ``necessity.k`` no-tool attempts of the target model and ``difficulty.k`` rollouts of the
+policy, every one judged by the task's own verifier. No Prefect here: the ``curate`` flow runs this stage
+through ``flows.runner``, one job per batch; every model request is cached in the corpus's request cache, so
+a killed run picks up where it stopped without asking anything twice.
 """
 
 from __future__ import annotations
@@ -14,13 +17,13 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from envs import ToolEnvironment
 from generators.agents import ScriptedUser, arun_episode
-from generators.config import code_version
+from generators.config import CORPUS_CODE, code_version
 from generators.embedded import GGUF_SHA256
 from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
 from generators.llm_agents import LLMAssistant, LLMUser, NoToolAssistant
@@ -28,10 +31,17 @@ from generators.sources import Environments
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from schemas import TABLES, Message, Task, Trajectory
 from schemas.records import SCHEMA_VERSION
+from stages.contract import Job, JobContext, JobResult, Stage
+from stages.progress import Progress
 from storage import Corpus
+from storage.dedup import Contamination, bfcl_questions, find_duplicates
+from storage.external import default_bfcl_root
+from storage.identity import run_identity
 from verifiers.checks import verify
-from verifiers.difficulty import Difficulty, Thresholds, difficulty
+from verifiers.difficulty import BUCKETS, Difficulty, Thresholds, difficulty
 from verifiers.necessity import Ablation, minimal_calls, necessity_label, no_tool_verdict
+
+STAGE = "curate"
 
 
 class NecessityConfig(StrictModel):
@@ -90,6 +100,8 @@ class CurateConfig(StrictModel):
     the same command resumes, and a new model version starts a new run whose rows sit beside the old ones.
     """
 
+    CODE_SCOPE: ClassVar[tuple[str, ...]] = (*CORPUS_CODE, "stages/curate.py", "storage/dedup.py")
+
     run_name: RunName = Field("curate", description=f"Name of the run; with the config's hash it forms the run "
                                                    f"id. {RUN_NAME_HELP}")
     runs: list[str] = Field(default_factory=list, description="Synthesize runs to curate ([] = every complete one).")
@@ -130,10 +142,11 @@ class CurateConfig(StrictModel):
         return f"{cfg.model}@{GGUF_SHA256[:12]}" if cfg.base_url is None else cfg.model
 
     def run_id(self, sources: list[str]) -> str:
-        blob = json.dumps({"config": self.model_dump(mode="json"), "sources": sorted(sources), "code": code_version(),
-                           "versions": [self.version_of(self.necessity.endpoint), self.version_of(self.difficulty.endpoint)]},
-                          sort_keys=True)
-        return f"{self.run_name}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+        """The run over ``sources`` (synthesize run ids) with this config, code and these model versions."""
+        return run_identity(self.run_name, {
+            "config": self.model_dump(mode="json"), "sources": sorted(sources),
+            "versions": [self.version_of(self.necessity.endpoint), self.version_of(self.difficulty.endpoint)]},
+            self.CODE_SCOPE)
 
 
 @dataclass
@@ -167,14 +180,17 @@ def load_tasks(corpus: Corpus, keys: list[tuple[str, str]]) -> dict[tuple[str, s
 
 
 def run_curate_batch(config: CurateConfig, run_id: str, corpus: Corpus, job: CurateBatch,
-                     base_urls: dict[str, str], cache_path: str | None) -> tuple[dict[str, list[dict]], dict[str, Any]]:
+                     base_urls: dict[str, str], cache_path: str | None,
+                     progress: Progress | None = None) -> tuple[dict[str, list[dict]], dict[str, Any]]:
     """Probe one batch; returns the rows per table and the batch summary."""
+    progress = progress or Progress(None, "")
     start = time.perf_counter()
     loaded = load_tasks(corpus, job.keys)
     environments = Environments(corpus)  # the user's own sources too; one environment per (source, seed)
     env_of = environments.open
 
-    probes = _Probes(config, run_id, base_urls, cache_path) if (job.necessity or job.difficulty) else None
+    probes = (_Probes(config, run_id, base_urls, cache_path, progress) if (job.necessity or job.difficulty)
+              else None)
     rows: dict[str, list[dict]] = {"necessity": [], "difficulty": [], "trajectories": [], "verdicts": [], "llm_usage": []}
     counts: Counter = Counter()
     no_tool: dict = {}
@@ -183,7 +199,8 @@ def run_curate_batch(config: CurateConfig, run_id: str, corpus: Corpus, job: Cur
         no_tool = probes.no_tool({k: loaded[k] for k in job.necessity}, env_of) if probes and config.necessity.k else {}
         rollouts = (probes.rollouts({k: loaded[k] for k in job.difficulty}, env_of)
                     if probes and config.difficulty.k else {})
-        for key in job.keys:
+        for n, key in enumerate(job.keys):
+            progress("call ablation (tasks)", n, len(job.keys))
             task, ref = loaded[key]
             env = env_of(task)
             t0 = time.perf_counter()
@@ -269,8 +286,10 @@ class _Probes:
     Every request's sample id carries the model version: a server that keeps its model name across new
     weights must not be answered from the cache of the old ones."""
 
-    def __init__(self, config: CurateConfig, run_id: str, base_urls: dict[str, str], cache_path: str | None):
+    def __init__(self, config: CurateConfig, run_id: str, base_urls: dict[str, str], cache_path: str | None,
+                 progress: Progress):
         self.config = config
+        self.progress = progress
         self.counts: Counter = Counter()
         self.loop = asyncio.new_event_loop()
         used = {config.necessity.endpoint, config.difficulty.endpoint}
@@ -285,15 +304,26 @@ class _Probes:
             self.endpoints.cache.close()
         self.loop.close()
 
-    def _gather(self, jobs: dict[Any, Any]) -> dict[Any, Any]:
+    def _gather(self, jobs: dict[Any, Any], what: str) -> dict[Any, Any]:
+        finished = 0
+        self.progress(what, 0, len(jobs))
+
+        async def one(job: Any) -> Any:
+            nonlocal finished
+            out = await job
+            finished += 1
+            self.progress(what, finished, len(jobs))
+            return out
+
         async def run() -> list[Any]:
-            return await asyncio.gather(*jobs.values())
+            return await asyncio.gather(*map(one, jobs.values()))
         return dict(zip(jobs, self.loop.run_until_complete(run())))
 
     # necessity: no-tool attempts -----------------------------------------------------------------------
     def no_tool(self, loaded: dict, env_of) -> dict[tuple[str, str], list]:
         return {k: v for k, v in self._gather({key: self._no_tool(task, env_of(task))
-                                               for key, (task, _) in loaded.items()}).items() if v}
+                                               for key, (task, _) in loaded.items()},
+                                             "no-tool probes (tasks)").items() if v}
 
     async def _no_tool(self, task: Task, env: ToolEnvironment) -> list:
         cfg = self.config.necessity
@@ -343,7 +373,8 @@ class _Probes:
     # difficulty: policy rollouts -----------------------------------------------------------------------
     def rollouts(self, loaded: dict, env_of) -> dict[tuple[str, str], list]:
         return {k: v for k, v in self._gather({key: self._rollouts(task, ref, env_of(task))
-                                               for key, (task, ref) in loaded.items()}).items() if v}
+                                               for key, (task, ref) in loaded.items()},
+                                             "policy rollouts (tasks)").items() if v}
 
     async def _rollouts(self, task: Task, ref: Trajectory, env: ToolEnvironment) -> list:
         cfg = self.config.difficulty
@@ -367,3 +398,246 @@ class _Probes:
             self.counts["policy_rollouts"] += 1
             self.counts["policy_rollouts_passed"] += verdict.passed
         return out
+
+
+
+def source_runs(corpus: Corpus, config: CurateConfig, sources: list[str] | None = None) -> list[str]:
+    """The synthesize runs to curate: ``sources`` (a repair redoing a run), else the configured ones (each must
+    be complete), else every complete one. A source with a damaged batch is refused (``CorpusDamaged``):
+    curating what is left of it would label another corpus than the run wrote."""
+    complete = [r for r in corpus.runs() if corpus.manifest(r).get("stage") == "synthesize"
+                and corpus.manifest(r).get("status") == "complete"]
+    wanted = list(sources or config.runs)
+    if not wanted:
+        if not complete:
+            raise ValueError(f"no complete synthesize run in {corpus.root}; run `synthloop synthesize` first")
+        wanted = complete
+    missing = [r for r in wanted if r not in complete]
+    if missing:
+        raise ValueError(f"run(s) {missing} are not complete synthesize runs of {corpus.root}; complete: {complete}")
+    corpus.require_intact(wanted)
+    return wanted
+
+
+def _order(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _draw(rows: list[dict], n: int, seed: int, strata: tuple[str, ...]) -> list[tuple[str, str]]:
+    """``n`` keys drawn evenly over the strata (round robin), each stratum in a seeded hash order."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(tuple(r[s] for s in strata), []).append(r)
+    for g in groups.values():
+        g.sort(key=lambda r: _order(f"{seed}/{r['task_id']}"))
+    out: list[tuple[str, str]] = []
+    queues = [groups[k] for k in sorted(groups, key=str)]
+    while len(out) < n and any(queues):
+        for q in queues:
+            if q and len(out) < n:
+                r = q.pop(0)
+                out.append((r["run_id"], r["task_id"]))
+    return out
+
+
+def plan_batches(corpus: Corpus, config: CurateConfig, sources: list[str]) -> list[CurateBatch]:
+    """Batches over every task of the source runs whose reference passes, with the probed tasks marked.
+
+    Duplicates and contaminated tasks are ablated (cheap) but not probed with a model."""
+    con = corpus.connect()
+    listed = ", ".join("'" + s.replace("'", "''") + "'" for s in sources)
+    rel = con.execute(f"""
+        SELECT t.run_id, t.task_id, t.domain, t.accepted, t.signature.n_calls AS n_calls,
+               coalesce(c.duplicate OR c.contaminated, false) AS excluded
+        FROM tasks t
+        JOIN verdicts v ON v.task_id = t.task_id AND v.run_id = t.run_id AND v.control = 'reference'
+                        AND v.run = v.run_id
+        LEFT JOIN curation_labels c ON c.run_id = t.run_id AND c.task_id = t.task_id
+        WHERE v.passed AND t.run_id IN ({listed})
+        ORDER BY t.run_id, t.batch, t.task_id""")
+    cols = [d[0] for d in rel.description]
+    rows = [dict(zip(cols, r)) for r in rel.fetchall()]
+    probe = [r for r in rows if not r["excluded"]]
+    nec = config.necessity
+    necessity = set(_draw(probe, nec.max_tasks if nec.k else 0, config.seed, ("domain", "accepted")))
+    dif = config.difficulty
+    hard_enough = [r for r in probe if r["accepted"] and (dif.max_calls is None or r["n_calls"] <= dif.max_calls)]
+    difficulty = set(_draw(hard_enough, dif.max_tasks if dif.k else 0, config.seed + 1, ("domain",)))
+    batches = []
+    for b, start in enumerate(range(0, len(rows), config.batch_size)):
+        keys = [(r["run_id"], r["task_id"]) for r in rows[start:start + config.batch_size]]
+        batches.append(CurateBatch(b, keys, [k for k in keys if k in necessity], [k for k in keys if k in difficulty]))
+    return batches
+
+
+def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[dict], dict[str, Any]]:
+    """Duplicate clusters over the tasks of *every* synthesize run of the corpus (older runs first, so a task
+    keeps its cluster head when new runs arrive), and contamination against the benchmark's questions."""
+    start = time.perf_counter()
+    runs = [r for r in corpus.runs() if corpus.manifest(r).get("stage") == "synthesize"]
+    corpus.require_intact(runs)  # clusters over what is left of a damaged run would be other clusters
+    # a redone batch keeps the time its batch first finished, so a repair does not reorder the runs
+    first_done = {r: min((b.get("first_finished_at", b["finished_at"]) for b in corpus.batch_summaries(r, "synthesize")),
+                         default=float("inf")) for r in runs}
+    tasks = sorted((t for r in runs for t in corpus.read("tasks", r)),
+                   key=lambda t: (first_done[t["run_id"]], t["run_id"], t["batch"], t["task_id"]))
+    cfg = config.dedup
+    # what makes a task this task: what the user asks and the private values they hold
+    keyed = [(f"{t['run_id']}/{t['task_id']}", " ".join([*t["requests"], *map(str, t["private_info"].values())]))
+             for t in tasks]
+    found = find_duplicates(keyed, threshold=cfg.threshold, value_threshold=cfg.value_threshold,
+                            num_perm=cfg.num_perm, shingle=cfg.shingle,
+                            template_share=cfg.template_share, seed=config.seed + 1)
+    index = None
+    if cfg.benchmark:
+        root = default_bfcl_root() if cfg.benchmark == "bfcl" else cfg.benchmark
+        items = bfcl_questions(root)
+        if not items:
+            raise FileNotFoundError(f"no BFCL_*.json questions under {root}; set dedup.benchmark to null to skip "
+                                    "decontamination, or SYNTHLOOP_SHARED to the shared folder")
+        index = Contamination(items, n=cfg.ngram)
+    now = time.time()
+    rows = []
+    for t, d in zip(tasks, found):
+        hits = index.match(" ".join(t["requests"])) if index else []
+        rows.append({"task_id": t["task_id"], "run_id": t["run_id"], "curate_run_id": run_id, "measured_at": now,
+                     "content_hash": d.content_hash, "exact_of": d.exact_of, "near_of": d.near_of,
+                     "cluster": d.cluster, "duplicate": d.cluster != d.key, "contaminated": bool(hits),
+                     "contamination_items": hits, "schema_version": SCHEMA_VERSION})
+    summary = {"tasks": len(rows), "exact_duplicates": sum(r["exact_of"] is not None for r in rows),
+               "near_duplicates": sum(r["near_of"] is not None for r in rows),
+               "clusters": len({r["cluster"] for r in rows}), "contaminated": sum(r["contaminated"] for r in rows),
+               "benchmark_items": len(index) if index else 0, "seconds": round(time.perf_counter() - start, 3)}
+    return rows, summary
+
+class CurateStage(Stage):
+    """Curation as a stage: the dedup clusters once, then one job per batch of tasks."""
+
+    name = "curate"
+    Config = CurateConfig
+
+    def __init__(self, config: CurateConfig, sources: list[str]):
+        self.config = config
+        self.sources = sources
+
+    @property
+    def run_id(self) -> str:
+        return self.config.run_id(self.sources)
+
+    def manifest(self) -> dict[str, Any]:
+        return {"sources": self.sources, "code_version": code_version(),
+                "model_versions": {"necessity": self.config.version_of(self.config.necessity.endpoint),
+                                   "difficulty": self.config.version_of(self.config.difficulty.endpoint)}}
+
+    def check_inputs(self, corpus: Corpus) -> None:
+        corpus.require_intact(self.sources)
+
+    def prepare(self, corpus: Corpus, log: Any) -> None:
+        if not corpus.batch_done(self.run_id, "dedup", 0):
+            rows, info = dedup_rows(corpus, self.config, self.run_id)
+            corpus.write_batch(self.run_id, "dedup", 0, {"dedup": rows}, info)
+            log.info("dedup: %s", info)
+
+    def plan(self, corpus: Corpus) -> list[Job]:
+        return [Job(STAGE, b.batch, f"batch {b.batch}: {len(b.keys)} tasks, {len(b.necessity)} + {len(b.difficulty)} "
+                    f"probed", payload=b) for b in plan_batches(corpus, self.config, self.sources)]
+
+    def expected(self, corpus: Corpus, jobs: list[Job]) -> dict[str, list[int]]:
+        return {"dedup": [0], **super().expected(corpus, jobs)}
+
+    def _probing(self, pending: list[Job]) -> bool:
+        return any(j.payload.necessity or j.payload.difficulty for j in pending)
+
+    def endpoints(self, pending: list[Job]) -> dict[str, Any]:
+        if not self._probing(pending):
+            return {}
+        return {n: self.config.endpoints[n] for n in {self.config.necessity.endpoint, self.config.difficulty.endpoint}}
+
+    def needs_embedded(self, pending: list[Job]) -> bool:
+        return self.config.needs_embedded() and self._probing(pending)
+
+    def run(self, job: Job, context: JobContext) -> JobResult:
+        rows, summary = run_curate_batch(self.config, self.run_id, Corpus(context.corpus_root), job.payload,
+                                         context.base_urls, context.cache_path, context.progress(job))
+        return JobResult(rows, summary)
+
+    def summarize(self, corpus: Corpus) -> dict[str, Any]:
+        return summarize(corpus, self.run_id)
+
+    def markdown(self, summary: dict[str, Any], corpus: Corpus) -> str:
+        return summary_markdown(summary, corpus.root)
+
+    def closing_line(self, summary: dict[str, Any], corpus: Corpus) -> str:
+        return (f"curate run {self.run_id}: labels {summary['necessity_labels']}, buckets {summary['buckets']}, "
+                f"dedup {summary['dedup']}, splits {summary['splits']}")
+
+
+def summarize(corpus: Corpus, run_id: str) -> dict[str, Any]:
+    """Counts of this curate run from its tables: labels, buckets, min_calls, dedup, time per task and probe."""
+    con = corpus.connect()
+
+    def one(sql: str) -> list[tuple]:
+        return con.execute(sql, [run_id]).fetchall()
+
+    out: dict[str, Any] = {"run_id": run_id}
+    out["necessity_labels"] = dict(one("SELECT coalesce(label, 'not_probed'), count(*) FROM necessity "
+                                       "WHERE curate_run_id = ? GROUP BY 1 ORDER BY 1"))
+    out["ablation"] = dict(zip(("tasks", "reduced", "calls_removed", "mean_seconds"), one(
+        "SELECT count(*), count(*) FILTER (min_calls < ref_calls), coalesce(sum(ref_calls - min_calls), 0), "
+        "round(avg(ablation_seconds), 4) FROM necessity WHERE curate_run_id = ?")[0]))
+    out["no_tool"] = dict(zip(("tasks", "attempts", "passed", "mean_seconds_per_task"), one(
+        "SELECT count(*), coalesce(sum(no_tool_k), 0), coalesce(sum(no_tool_passes), 0), round(avg(no_tool_seconds), 2) "
+        "FROM necessity WHERE curate_run_id = ? AND no_tool_k > 0")[0]))
+    buckets = dict(one("SELECT bucket, count(*) FROM difficulty WHERE curate_run_id = ? GROUP BY 1"))
+    out["buckets"] = {b: buckets.get(b, 0) for b in BUCKETS}
+    out["difficulty"] = dict(zip(("tasks", "rollouts", "passed", "mean_seconds_per_task"), one(
+        "SELECT count(*), coalesce(sum(k), 0), coalesce(sum(passes), 0), round(avg(seconds), 2) "
+        "FROM difficulty WHERE curate_run_id = ?")[0]))
+    out["pass_rates"] = [r[0] for r in one("SELECT pass_rate FROM difficulty WHERE curate_run_id = ? ORDER BY 1")]
+    out["dedup"] = (corpus.batch_summaries(run_id, "dedup") or [{"summary": {}}])[0]["summary"]
+    out["splits"] = dict(zip(("sft_v1", "sft_v1_answer_directly", "rl_v1"), con.execute(
+        "SELECT (SELECT count(*) FROM split_sft_v1), (SELECT count(*) FROM split_sft_v1 WHERE kind = 'answer_directly'), "
+        "(SELECT count(*) FROM split_rl_v1)").fetchone()))
+    return out
+
+
+def histogram_svg(values: list[float], bins: int = 10, width: int = 420, height: int = 220) -> str:
+    """A bar chart of p̂ over [0, 1] as SVG (no plotting library needed for ten bars)."""
+    counts = [0] * bins
+    for v in values:
+        counts[min(int(v * bins), bins - 1)] += 1
+    top = max(counts) or 1
+    pad, bar_w = 30, (width - 40) / bins
+    bars = []
+    for i, c in enumerate(counts):
+        h = (height - 2 * pad) * c / top
+        x, y = pad + i * bar_w, height - pad - h
+        bars.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{bar_w - 2:.1f}" height="{h:.1f}" fill="#4a7bd0"/>'
+                    f'<text x="{x + bar_w / 2:.1f}" y="{y - 3:.1f}" font-size="10" text-anchor="middle">{c}</text>')
+    ticks = "".join(f'<text x="{pad + i * bar_w:.1f}" y="{height - pad + 14}" font-size="10" text-anchor="middle">'
+                    f'{i / bins:.1f}</text>' for i in range(0, bins + 1, 2))
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+            f'<rect width="100%" height="100%" fill="white"/>'
+            f'<text x="{width / 2}" y="16" font-size="12" text-anchor="middle">policy pass rate p̂ per task '
+            f'(n={len(values)})</text>{"".join(bars)}{ticks}'
+            f'<line x1="{pad}" y1="{height - pad}" x2="{width - 10}" y2="{height - pad}" stroke="black"/></svg>')
+
+
+def summary_markdown(s: dict[str, Any], root) -> str:
+    d = s["dedup"]
+    return "\n".join([
+        f"# curate run `{s['run_id']}`", "",
+        "| necessity label | tasks |", "|---|---|", *(f"| {k} | {v} |" for k, v in s["necessity_labels"].items()), "",
+        "| difficulty bucket | tasks |", "|---|---|", *(f"| {k} | {v} |" for k, v in s["buckets"].items()), "",
+        "| probe | tasks | attempts | passed | mean s / task |", "|---|---|---|---|---|",
+        f"| no-tool (necessity) | {s['no_tool']['tasks']} | {s['no_tool']['attempts']} | {s['no_tool']['passed']} | "
+        f"{s['no_tool']['mean_seconds_per_task']} |",
+        f"| policy rollouts (difficulty) | {s['difficulty']['tasks']} | {s['difficulty']['rollouts']} | "
+        f"{s['difficulty']['passed']} | {s['difficulty']['mean_seconds_per_task']} |",
+        f"| call ablation (min_calls) | {s['ablation']['tasks']} | | {s['ablation']['reduced']} reduced | "
+        f"{s['ablation']['mean_seconds']} |", "",
+        "| dedup / decontamination | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in d.items()), "",
+        "| split | rows |", "|---|---|", *(f"| {k} | {v} |" for k, v in s["splits"].items()), "",
+        f"Corpus: `{root}`. Every decision is a column: `synthloop query \"SELECT necessity_label, bucket, "
+        "count(*) FROM curation GROUP BY ALL\"`.",
+    ])

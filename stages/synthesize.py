@@ -1,8 +1,7 @@
-"""The synthesis pipeline as plain functions: a batch is a self-describing unit, config + index in, rows out.
+"""The ``synthesize`` stage: tool catalog → tool graph → tasks → trajectories → verified rows.
 
-Nothing here knows about Prefect, so a batch runs the same in a test, in a Prefect task, or on a remote
-worker (Ray or Dask task runners): its inputs are a JSON-serialisable config and an integer, its output is
-the rows of each table and a summary.
+A batch is the self-describing unit, config + index in, rows out; nothing here knows about Prefect, so a batch
+runs the same in a test, in the flow's process, in a pool process or on a Ray node (``flows.runner`` places it).
 """
 
 from __future__ import annotations
@@ -15,14 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from envs import ToolEnvironment
-from flows.rollouts import LLMStage
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
-from generators.config import SynthesizeConfig
+from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage
+from generators.llm import USAGE_COUNTS
 from generators.sources import Source, domain_names, open_sources
 from generators.tasks import PlanSampler, sample_task, task_id_for
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
 from schemas import Task
+from stages.contract import Job, JobContext, JobResult, Stage
+from stages.progress import Progress
+from stages.rollouts import LLMStage
 from storage import Corpus
 from verifiers.checks import verify
 from verifiers.controls import accept, make_controls
@@ -68,26 +70,8 @@ class _Rows:
 STAGE = "synthesize"
 
 
-def llm_cache_path(corpus: Corpus) -> Path:
-    """The run-independent LLM request cache of a corpus: a re-run, or a resumed one, asks nothing twice."""
-    return corpus.root / "_cache" / "llm.sqlite"
-
-
-def produce_batch(config: SynthesizeConfig, batch: int, corpus_root: str,
-                  base_urls: dict[str, str] | None = None) -> dict[str, Any]:
-    """Produce and store one batch, the unit every runner places (the flow's own process, a process pool, a Ray
-    worker); a batch whose shards are complete is skipped. Its shards are written whole, then its marker, so a
-    worker killed mid-batch leaves no half of it behind, and the batch done again writes the same rows."""
-    corpus = Corpus(corpus_root)
-    if corpus.batch_done(config.run_id, STAGE, batch):
-        return {"batch": batch, "skipped": True}
-    result = run_batch(config, batch, base_urls, cache_path=str(llm_cache_path(corpus)))
-    corpus.write_batch(config.run_id, STAGE, batch, result.tables, result.summary)
-    return {k: v for k, v in result.summary.items() if k != "coverage"}
-
-
 def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | None = None,
-              cache_path: str | None = None) -> BatchResult:
+              cache_path: str | None = None, progress: Progress | None = None) -> BatchResult:
     """Sample, execute, phrase, roll out, control and verify the tasks of one batch.
 
     Args:
@@ -95,7 +79,9 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         batch: Which batch.
         base_urls: Runtime URLs of endpoints configured without one (the embedded model's server).
         cache_path: The LLM request cache (SQLite); None = no cache.
+        progress: Where to say what the batch is doing (sampling task k of n, LLM rollout k of n).
     """
+    progress = progress or Progress(None, "")
     start = time.perf_counter()
     first = batch * config.batch_size
     indices = range(first, min(first + config.batch_size, config.n_tasks))
@@ -104,7 +90,8 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
     # implementation are played by one; a run that uses a model at all uses it for those in every batch, so
     # batches do not differ in what they can sample
     uses_model = bool(config.agents.llm_tasks and config.agents.roles())
-    llm = LLMStage(config, base_urls or {}, cache_path) if quota or (config.environments and uses_model) else None
+    llm = (LLMStage(config, base_urls or {}, cache_path, progress) if quota or (config.environments and uses_model)
+           else None)
     sources: dict[str, Source] = {}
     envs: dict[str, ToolEnvironment] = {}
     try:
@@ -118,7 +105,8 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         simulated = {d for d, src in sources.items() if src.simulated}
         rows = _Rows()
         llm_jobs = []
-        for index in indices:
+        for n, index in enumerate(indices):
+            progress("sampling and verifying tasks", n, len(indices))
             # the first accepted tasks short enough for the agents get LLM rollouts, up to the batch's quota
             wanted = len(llm_jobs) < quota and llm is not None
             task = _task(config, batch, index, envs, samplers, llm if wanted else None, rows, simulated)
@@ -231,3 +219,178 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Tool
     rows.trajectories += [ep.to_row() for ep in episodes]
     rows.verdicts += [v.to_row() for v in results]
     return task
+
+
+# what the embedded CPU model and the scripted backbone cost, measured on the 2-core machine (docs/results):
+# the default run's 4 LLM tasks (8 rollouts) took about 5 minutes, its 1,396 scripted tasks about 1.5 minutes
+EMBEDDED_S_PER_LLM_TASK = 75.0
+SCRIPTED_S_PER_TASK = 0.06
+
+
+class SynthesizeStage(Stage):
+    """Synthesis as a stage: the catalog once, then one job per batch of ``config.batch_size`` tasks."""
+
+    name = "synthesize"
+    Config = SynthesizeConfig
+
+    def __init__(self, config: SynthesizeConfig):
+        self.config = config
+
+    @property
+    def run_id(self) -> str:
+        return self.config.run_id
+
+    def manifest(self) -> dict[str, Any]:
+        return {"code_version": code_version()}
+
+    def prepare(self, corpus: Corpus, log: Any) -> None:
+        if corpus.batch_done(self.run_id, "catalog", 0):
+            return
+        sources = open_sources(self.config)
+        try:
+            corpus.write_batch(self.run_id, "catalog", 0, catalog_rows(sources),
+                               {"domains": list(sources), "sources": [s.report() for s in sources.values()]})
+        finally:
+            for src in sources.values():
+                src.close()
+
+    def plan(self, corpus: Corpus) -> list[Job]:
+        c = self.config
+        return [Job(STAGE, b, f"batch {b}: tasks {b * c.batch_size}–{min((b + 1) * c.batch_size, c.n_tasks) - 1}")
+                for b in range(c.n_batches)]
+
+    def expected(self, corpus: Corpus, jobs: list[Job]) -> dict[str, list[int]]:
+        return {"catalog": [0], **super().expected(corpus, jobs)}
+
+    def _llm_jobs(self, pending: list[Job]) -> int:
+        return sum(self.config.llm_quota(j.batch) for j in pending)
+
+    def endpoints(self, pending: list[Job]) -> dict[str, Any]:
+        if not self._llm_jobs(pending):
+            return {}
+        agents = self.config.agents
+        return {r.endpoint: agents.endpoints[r.endpoint] for r in agents.roles().values()}
+
+    def needs_embedded(self, pending: list[Job]) -> bool:
+        return self.config.agents.needs_embedded() and bool(pending)
+
+    def warnings(self, pending: list[Job]) -> list[str]:
+        agents = self.config.agents
+        llm = self._llm_jobs(pending)
+        on_embedded = any(agents.endpoints[r.endpoint].base_url is None for r in agents.roles().values())
+        if not llm or not on_embedded:
+            return []
+        llm_s = llm * EMBEDDED_S_PER_LLM_TASK
+        rest_s = sum(min(self.config.batch_size, self.config.n_tasks - j.batch * self.config.batch_size)
+                     for j in pending) * SCRIPTED_S_PER_TASK
+        if llm_s < 120 or llm_s < rest_s:
+            return []
+        return [f"{llm} task(s) get LLM rollouts on the embedded CPU model: about {_duration(llm_s)} of this run's "
+                f"~{_duration(llm_s + rest_s)} (the other tasks take ~{_duration(rest_s)}). Progress shows each "
+                f"rollout; set agents.llm_tasks=0 for a scripted-only run, or point agents.endpoints at a faster "
+                f"server"]
+
+    def run(self, job: Job, context: JobContext) -> JobResult:
+        result = run_batch(self.config, job.batch, context.base_urls, context.cache_path, context.progress(job))
+        return JobResult(result.tables, result.summary)
+
+    def summarize(self, corpus: Corpus) -> dict[str, Any]:
+        return summarize(corpus, self.config)
+
+    def markdown(self, summary: dict[str, Any], corpus: Corpus) -> str:
+        return summary_markdown(self.run_id, summary, corpus.root)
+
+    def closing_line(self, summary: dict[str, Any], corpus: Corpus) -> str:
+        return (f"run {self.run_id}: {summary['accepted']} accepted of {summary['tasks']} tasks "
+                f"({summary['acceptance_rate']:.1%}); corpus at {corpus.root}")
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
+    """Run totals from the batch markers, so a resumed run reports the whole run, not just what it redid."""
+    batches = corpus.batch_summaries(config.run_id, STAGE)
+    catalog = corpus.connect()
+    # graph edges are tool pairs; tool_edges has a row per binding of a pair
+    tools_total, edges_total = (
+        catalog.execute(f"SELECT count(DISTINCT {what}) FROM {t} WHERE run = ?", [config.run_id]).fetchone()[0]
+        if t in corpus.tables() else 0
+        for t, what in (("tools", "(domain, name)"), ("tool_edges", "(domain, src, dst)")))
+    coverage = Coverage(tools_total=tools_total, edges_total=edges_total)
+    totals: dict[str, Any] = {k: 0 for k in ("tasks", "accepted", "rejected", "trajectories", "verifications",
+                                               "sample_failures", "user_leaks")}
+    llm: Counter = Counter()
+    per_domain: dict[str, Counter] = {}
+    for b in batches:
+        s = b["summary"]
+        for k in totals:
+            totals[k] += s.get(k, 0)
+        coverage.merge(Coverage.from_dict(s["coverage"]))
+        llm.update(s.get("llm", {}))
+        for d, c in s.get("per_domain", {}).items():
+            per_domain.setdefault(d, Counter()).update(c)
+    totals["llm"] = dict(sorted(llm.items()))
+    totals["per_domain"] = {d: dict(sorted(c.items())) for d, c in sorted(per_domain.items())}
+    if config.variants:  # signature match level reached per variant (exact, near), and parents left without one
+        totals["variants"] = {k: sum(b["summary"].get("variants", {}).get(k, 0) for b in batches)
+                              for k in ("exact", "near", "failures")}
+    totals["llm_usage"] = usage_summary(corpus, config.run_id)
+    totals["acceptance_rate"] = round(totals["accepted"] / totals["tasks"], 4) if totals["tasks"] else 0.0
+    totals["batches_done"] = len(batches)
+    totals["batches_total"] = config.n_batches
+    totals["coverage"] = coverage.summary()
+    return totals
+
+
+def usage_summary(corpus: Corpus, run_id: str) -> list[dict[str, Any]]:
+    """Requests, cache hits, retries, tokens and cost of the run per phase (tasks, rollout), role and model (from ``llm_usage``)."""
+    if "llm_usage" not in corpus.tables():
+        return []
+    counts = ", ".join(f"sum({k})::BIGINT AS {k}" for k in USAGE_COUNTS)
+    con = corpus.connect()
+    rel = con.execute(f"SELECT phase, role, model, {counts}, round(sum(cost_usd), 6) AS cost_usd, "
+                      f"round(sum(latency_s), 1) AS latency_s FROM llm_usage WHERE run_id = ? "
+                      f"GROUP BY ALL ORDER BY ALL", [run_id])
+    cols = [d[0] for d in rel.description]
+    return [dict(zip(cols, row)) for row in rel.fetchall()]
+
+
+def summary_markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
+    cov = summary["coverage"]
+    return "\n".join([
+        f"# synthesize run `{run_id}`",
+        "",
+        "| metric | value |", "|---|---|",
+        *(f"| {k} | {summary[k]} |" for k in ("tasks", "accepted", "rejected", "acceptance_rate", "trajectories",
+                                               "verifications", "sample_failures", "user_leaks", "batches_done")),
+        *(f"| coverage: {k} | {v} |" for k, v in cov.items()),
+        *_per_domain_markdown(summary),
+        *_llm_markdown(summary),
+        "",
+        f"Corpus: `{root}`. Query it: `synthloop query \"SELECT domain, count(*) FROM accepted_tasks GROUP BY 1\"`.",
+    ])
+
+
+def _per_domain_markdown(summary: dict[str, Any]) -> list[str]:
+    per = summary.get("per_domain") or {}
+    if not per:
+        return []
+    lines = ["", "| domain / source | tasks | accepted | sample failures | controls rejected |", "|---|---|---|---|---|"]
+    for d, c in per.items():
+        lines.append(f"| {d} | {c.get('tasks', 0)} | {c.get('accepted', 0)} | {c.get('sample_failures', 0)} | "
+                     f"{c.get('controls_rejected', 0)} / {c.get('controls', 0)} |")
+    return lines
+
+
+def _llm_markdown(summary: dict[str, Any]) -> list[str]:
+    if not summary.get("llm_usage") and not summary.get("llm"):
+        return []
+    lines = ["", "## LLM agents", "", "| counter | value |", "|---|---|",
+             *(f"| {k} | {v} |" for k, v in summary.get("llm", {}).items()),
+             "", "| phase | role | model | requests | cache hits | retries | prompt tokens | completion tokens | cost USD |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {u['phase']} | {u['role']} | {u['model']} | {u['requests']} | {u['cache_hits']} | {u['retries']} | "
+              f"{u['prompt_tokens']} | {u['completion_tokens']} | {u['cost_usd']} |" for u in summary["llm_usage"]]
+    return lines
