@@ -16,18 +16,17 @@ table are computed from one declaration and cannot drift apart::
 Why a vocabulary of our own rather than pydantic models or annotated dataclasses: the Arrow side needs what
 Python types do not say (int32 or int64, a struct or a JSON-text column, a map), the JSON side needs what Arrow
 does not say (enums, consts, minimums, patterns, keys that may be absent), and the JSON Schemas must stay
-exactly the hand-written ones the corpus was validated with. A dozen small frozen dataclasses say all of that
-in one place and keep ``schemas`` free of dependencies beyond pyarrow.
+exactly the hand-written ones the corpus was validated with. A few small frozen dataclasses say all of that
+in one place and add no dependency to ``schemas`` beyond the pyarrow and jsonschema it uses already.
 
 Two flags, because JSON tells them apart and Arrow does not: ``nullable`` (the value may be null) and
-``optional`` (the key may be absent; Arrow then stores null). Every Arrow field is nullable: the JSON Schema
-is the gate every row passes before it is written, and Parquet written before a field became required must
-still be read with today's schema.
+``optional`` (the key may be absent; Arrow then stores null). Every Arrow field is nullable, as every column of
+the corpus already written is: the JSON Schema, not Arrow, is the gate every row passes before it is written.
 
 ``Json`` marks a field whose shape varies between domains (tool arguments, state diffs, verifier specs): it is
 validated against its JSON Schema as a nested value and stored as JSON text, which DuckDB reads with
-``json_extract`` / ``->>``. Only a table's own fields are encoded that way, so a ``Struct`` or ``List`` that
-becomes an Arrow type refuses a ``Json`` member; inside a ``Json`` field anything goes.
+``json_extract`` / ``->>``. Only a table's own fields are encoded that way, so a ``Struct``, ``List`` or ``Map``
+asked for its Arrow type refuses a ``Json`` member; inside a ``Json`` field anything goes.
 """
 
 from __future__ import annotations
@@ -51,6 +50,14 @@ class Type:
 
 def _typed(json_type: str, nullable: bool) -> dict[str, Any]:
     return {"type": [json_type, "null"] if nullable else json_type}
+
+
+def _stored(member: Type, what: str) -> pa.DataType:
+    """The Arrow type of a nested member, which must not be ``Json``: only a table's own fields are encoded."""
+    if isinstance(member, Json):
+        raise TypeError(f"{what} would not be encoded as JSON text: make the whole field Json, or give them an "
+                        "Arrow shape")
+    return member.arrow
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,7 @@ class List(Type):
 
     @property
     def arrow(self) -> pa.DataType:
-        return pa.list_(self.item.arrow)
+        return pa.list_(_stored(self.item, "a List's items"))
 
 
 @dataclass(frozen=True)
@@ -146,7 +153,7 @@ class Map(Type):
 
     @property
     def arrow(self) -> pa.DataType:
-        return pa.map_(pa.string(), self.value.arrow)
+        return pa.map_(pa.string(), _stored(self.value, "a Map's values"))
 
 
 @dataclass(frozen=True)

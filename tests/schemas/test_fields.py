@@ -4,7 +4,7 @@ Specified here:
 * each type of the vocabulary (``schemas.fields``) renders the JSON Schema and the Arrow type it documents,
   ``nullable`` admits null and ``optional`` lets the key be absent;
 * declarations that could not be stored as declared are refused when the Arrow shape is asked for (a ``Json``
-  member inside a struct, an open struct), with a message that names the field and the fix;
+  member inside a struct, list or map; an open struct), with a message that names the field and the fix;
 * a ``Table`` derives its ``json_fields`` and appends ``schema_version`` to both schemas;
 * for every table, the JSON Schema and the Arrow schema agree field by field: the same names in the same
   order, a nullable Arrow field wherever JSON admits null or absence, and matching shapes (scalar kind, list,
@@ -81,6 +81,13 @@ def test_a_json_member_inside_a_struct_is_refused_with_the_field_and_the_fix() -
         nested.arrow  # noqa: B018 - the property is what refuses
     # inside a Json field, where the whole value is text, it is fine
     assert Field("steps", Json(List(nested))).arrow.type == pa.string()
+
+
+@pytest.mark.parametrize("declared, where", [(List(Json()), "List's items"), (Map(Json()), "Map's values")])
+def test_json_items_of_a_list_or_values_of_a_map_are_refused(declared, where: str) -> None:
+    with pytest.raises(TypeError, match=where):
+        declared.arrow  # noqa: B018
+    assert Field("labels", Json(declared)).arrow.type == pa.string()
 
 
 def test_an_open_struct_has_no_arrow_shape() -> None:
