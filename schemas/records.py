@@ -1,7 +1,7 @@
 """The records that cross stage boundaries, as typed Python objects.
 
-Each record kind has a JSON Schema (``schemas.jsonschemas``) and an Arrow schema (``schemas.arrow``);
-``to_row`` produces the dict both describe. Nested values whose shape varies from record to record
+Each record kind is stored in a table of ``schemas.tables``, whose JSON Schema and Arrow schema derive from one
+declaration; ``to_row`` produces the dict both describe. Nested values whose shape varies from record to record
 (tool arguments, state diffs, private information) are kept as Python objects here and stored as
 JSON text in Parquet, so that one Arrow schema fits every domain.
 """

@@ -1,8 +1,13 @@
-"""On-disk tables: a JSON Schema and an explicit Arrow schema for each, and the conversion between them.
+"""On-disk tables, each declared once, and the conversion between rows and Arrow.
 
-A row is validated against its JSON Schema (the logical record, with nested objects) before it is
-converted; fields listed in ``Table.json_fields`` vary in shape between domains and are stored as JSON
-text, so DuckDB reads them with ``json_extract`` / ``->>``.
+A table is a list of typed fields (``schemas.fields``); its JSON Schema (the logical record, with nested
+objects) and its Arrow schema (storage) both derive from that list. A row is validated against the JSON Schema
+before it is converted; ``Json`` fields vary in shape between domains and are stored as JSON text, so DuckDB
+reads them with ``json_extract`` / ``->>``.
+
+``VERIFIER_SPEC``, the per-instance verifier spec a task carries, is still a hand-written JSON Schema; the tasks
+table takes it as a ``Json`` field. The JSON Schema fragments above it (``_obj``, ``_STR``, ...; some no longer
+used by the tables) stay as they are until that spec moves to a module of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 import jsonschema
 import pyarrow as pa
 
+from schemas.fields import BOOL, FLOAT64, INT32, INT64, STR, Const, Enum, Field, Json, List, Map, Struct
 from schemas.records import SCHEMA_VERSION
 
 _STR = {"type": "string"}
@@ -35,23 +41,6 @@ def _obj(props: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any
     }
 
 
-_TOOL_CALL = _obj(
-    {
-        "id": _STR,
-        "type": {"const": "function"},
-        "function": _obj({"name": _STR, "arguments": _STR}),
-    }
-)
-_MESSAGE = _obj(
-    {
-        "role": {"enum": ["system", "user", "assistant", "tool"]},
-        "content": _NSTR,
-        "tool_calls": {"type": ["array", "null"], "items": _TOOL_CALL},
-        "tool_call_id": _NSTR,
-        "name": _NSTR,
-    },
-    optional=("tool_calls", "tool_call_id", "name"),
-)
 _RULE = {
     "oneOf": [
         _obj({"kind": {"const": "no_extra_writes"}}),
@@ -86,34 +75,60 @@ VERIFIER_SPEC = _obj(
         },
     }
 )
-_PLAN_STEP = _obj({"id": _STR, "tool": _STR, "args": _OBJ, "private": _STRS, "request": _INT})
-_CHECK = _obj({"name": _STR, "passed": _BOOL, "score": _NUM, "detail": _STR})
 
-_ARROW_TOOL_CALL = pa.struct(
-    [
-        ("id", pa.string()),
-        ("type", pa.string()),
-        ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
-    ]
+# --- shapes several tables share ---------------------------------------------------------------------------------
+# Message roles and tool-call shape follow the OpenAI chat-completions wire format (see schemas.records).
+TOOL_CALL = Struct(
+    Field("id", STR),
+    Field("type", Const("function")),
+    Field("function", Struct(Field("name", STR), Field("arguments", STR))),
 )
-ARROW_MESSAGE = pa.struct(
-    [
-        ("role", pa.string()),
-        ("content", pa.string()),
-        ("tool_calls", pa.list_(_ARROW_TOOL_CALL)),
-        ("tool_call_id", pa.string()),
-        ("name", pa.string()),
-    ]
+MESSAGE = Struct(
+    Field("role", Enum("system", "user", "assistant", "tool")),
+    Field("content", STR, nullable=True),
+    Field("tool_calls", List(TOOL_CALL), nullable=True, optional=True),
+    Field("tool_call_id", STR, nullable=True, optional=True),
+    Field("name", STR, nullable=True, optional=True),
 )
+ARROW_MESSAGE = MESSAGE.arrow  # the exports reuse it, so a trajectory's messages have one Arrow shape everywhere
+PLAN_STEP = Struct(
+    Field("id", STR),
+    Field("tool", STR),
+    Field("args", Json({"type": "object"})),
+    Field("private", List(STR)),
+    Field("request", INT32),
+)
+CHECK = Struct(Field("name", STR), Field("passed", BOOL), Field("score", FLOAT64), Field("detail", STR))
 
 
 @dataclass(frozen=True)
 class Table:
+    """One on-disk table: its declared fields, from which its JSON Schema, its Arrow schema and the fields
+    stored as JSON text derive. Every row also carries ``schema_version`` (last, in both schemas)."""
+
     name: str
-    json_schema: dict[str, Any]
-    arrow_schema: pa.Schema
-    json_fields: tuple[str, ...] = ()
+    fields: tuple[Field, ...]
     version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+
+    @cached_property
+    def record(self) -> Struct:
+        return Struct(*self.fields, Field("schema_version", INT32))
+
+    @cached_property
+    def json_schema(self) -> dict[str, Any]:
+        return self.record.json()
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        # A table's own Json fields are the ones to_arrow encodes, so here (unlike in a Struct) they are columns.
+        return pa.schema([f.arrow for f in self.record.fields])
+
+    @cached_property
+    def json_fields(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.fields if isinstance(f.type, Json))
 
     @cached_property
     def validator(self) -> jsonschema.Draft202012Validator:
@@ -149,667 +164,324 @@ class Table:
         return rows
 
 
-def _schema(fields: list[tuple[str, pa.DataType]]) -> pa.Schema:
-    return pa.schema([*fields, ("schema_version", pa.int32())])
-
-
 TOOLS = Table(
     "tools",
-    _obj(
-        {
-            "name": {"type": "string", "pattern": r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$"},
-            "description": _STR,
-            "parameters": _obj({"type": {"const": "object"}}) | {"additionalProperties": True},
-            "domain": _STR,
-            "returns": {"type": ["object", "null"]},
-            "source": _STR,
-            "implementation": _NSTR,
-            "mutates": {"type": ["boolean", "null"]},
-            "origin": {"type": ["object", "null"]},
-            "schema_version": _INT,
-        },
-        optional=("origin",),  # rows written before tools recorded their origin
-    ),
-    _schema(
-        [
-            ("name", pa.string()),
-            ("description", pa.string()),
-            ("parameters", pa.string()),
-            ("domain", pa.string()),
-            ("returns", pa.string()),
-            ("source", pa.string()),
-            ("implementation", pa.string()),
-            ("mutates", pa.bool_()),
-            ("origin", pa.string()),
-        ]
-    ),
-    json_fields=("parameters", "returns", "origin"),
+    [
+        Field("name", STR.matching(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,127}$")),
+        Field("description", STR),
+        Field("parameters", Json(Struct(Field("type", Const("object")), closed=False))),  # a JSON Schema
+        Field("domain", STR),
+        Field("returns", Json({"type": ["object", "null"]})),
+        Field("source", STR),
+        Field("implementation", STR, nullable=True),
+        Field("mutates", BOOL, nullable=True),
+        Field("origin", Json({"type": ["object", "null"]}), optional=True),  # rows written before tools recorded it
+    ],
 )
 
 TOOL_EDGES = Table(
     "tool_edges",
-    _obj(
-        {
-            "domain": _STR,
-            "src": _STR,
-            "dst": _STR,
-            "src_field": _STR,
-            "dst_param": _STR,
-            "kind": {"enum": ["name", "entity", "link"]},
-            "score": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("domain", pa.string()),
-            ("src", pa.string()),
-            ("dst", pa.string()),
-            ("src_field", pa.string()),
-            ("dst_param", pa.string()),
-            ("kind", pa.string()),
-            ("score", pa.float64()),
-        ]
-    ),
+    [
+        Field("domain", STR),
+        Field("src", STR),
+        Field("dst", STR),
+        Field("src_field", STR),
+        Field("dst_param", STR),
+        Field("kind", Enum("name", "entity", "link")),
+        Field("score", FLOAT64),
+    ],
 )
 
 ENVIRONMENTS = Table(
     "environments",
-    _obj(
-        {
-            "domain": _STR,
-            "seed": _INT,
-            "state_hash": _STR,
-            "row_counts": {"type": "object", "additionalProperties": _INT},
-            "tools": _STRS,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("domain", pa.string()),
-            ("seed", pa.int64()),
-            ("state_hash", pa.string()),
-            ("row_counts", pa.map_(pa.string(), pa.int64())),
-            ("tools", pa.list_(pa.string())),
-        ]
-    ),
+    [
+        Field("domain", STR),
+        Field("seed", INT64),
+        Field("state_hash", STR),
+        Field("row_counts", Map(INT64)),
+        Field("tools", List(STR)),
+    ],
 )
 
 TASKS = Table(
     "tasks",
-    _obj(
-        {
-            "task_id": _STR,
-            "run_id": _STR,
-            "batch": _INT,
-            "domain": _STR,
-            "env_seed": _INT,
-            "goal": _STR,
-            "requests": {"type": "array", "items": _STR, "minItems": 1},
-            "private_info": _OBJ,
-            "constraints": {"type": "array", "items": _RULE},
-            "reference_plan": {"type": "array", "items": _PLAN_STEP, "minItems": 1},
-            "expected_diff": _OBJ,
-            "expected_answer": {"type": "array"},
-            "signature": _obj(
-                {
-                    "topology": {"enum": ["single", "chain", "fork", "merge", "dag", "parallel"]},
-                    "depth": {"type": "integer", "minimum": 1},
-                    "width": {"type": "integer", "minimum": 1},
-                    "n_calls": {"type": "integer", "minimum": 1},
-                    "tools": _STRS,
-                }
+    [
+        Field("task_id", STR),
+        Field("run_id", STR),
+        Field("batch", INT32),
+        Field("domain", STR),
+        Field("env_seed", INT64),
+        Field("goal", STR),
+        Field("requests", List(STR, min_items=1)),
+        Field("private_info", Json({"type": "object"})),
+        Field("constraints", Json({"type": "array", "items": _RULE})),
+        Field("reference_plan", Json(List(PLAN_STEP, min_items=1))),
+        Field("expected_diff", Json({"type": "object"})),
+        Field("expected_answer", Json({"type": "array"})),
+        Field(
+            "signature",
+            Struct(
+                Field("topology", Enum("single", "chain", "fork", "merge", "dag", "parallel")),
+                Field("depth", INT32.at_least(1)),
+                Field("width", INT32.at_least(1)),
+                Field("n_calls", INT32.at_least(1)),
+                Field("tools", List(STR)),
             ),
-            "lineage": _obj(
-                {"generator": _STR, "sampler_seed": _INT, "parent_id": _NSTR, "round": _INT}
+        ),
+        Field(
+            "lineage",
+            Struct(
+                Field("generator", STR),
+                Field("sampler_seed", INT64),
+                Field("parent_id", STR, nullable=True),
+                Field("round", INT32),
             ),
-            "initial_state_hash": _STR,
-            "final_state_hash": _STR,
-            "verifier": VERIFIER_SPEC,
-            "accepted": _BOOL,
-            "reject_reason": _NSTR,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("task_id", pa.string()),
-            ("run_id", pa.string()),
-            ("batch", pa.int32()),
-            ("domain", pa.string()),
-            ("env_seed", pa.int64()),
-            ("goal", pa.string()),
-            ("requests", pa.list_(pa.string())),
-            ("private_info", pa.string()),
-            ("constraints", pa.string()),
-            ("reference_plan", pa.string()),
-            ("expected_diff", pa.string()),
-            ("expected_answer", pa.string()),
-            (
-                "signature",
-                pa.struct(
-                    [
-                        ("topology", pa.string()),
-                        ("depth", pa.int32()),
-                        ("width", pa.int32()),
-                        ("n_calls", pa.int32()),
-                        ("tools", pa.list_(pa.string())),
-                    ]
-                ),
-            ),
-            (
-                "lineage",
-                pa.struct(
-                    [
-                        ("generator", pa.string()),
-                        ("sampler_seed", pa.int64()),
-                        ("parent_id", pa.string()),
-                        ("round", pa.int32()),
-                    ]
-                ),
-            ),
-            ("initial_state_hash", pa.string()),
-            ("final_state_hash", pa.string()),
-            ("verifier", pa.string()),
-            ("accepted", pa.bool_()),
-            ("reject_reason", pa.string()),
-        ]
-    ),
-    json_fields=("private_info", "constraints", "reference_plan", "expected_diff", "expected_answer", "verifier"),
+        ),
+        Field("initial_state_hash", STR),
+        Field("final_state_hash", STR),
+        Field("verifier", Json(VERIFIER_SPEC)),
+        Field("accepted", BOOL),
+        Field("reject_reason", STR, nullable=True),
+    ],
 )
 
 TRAJECTORIES = Table(
     "trajectories",
-    _obj(
-        {
-            "trajectory_id": _STR,
-            "task_id": _STR,
-            "run_id": _STR,
-            "batch": _INT,
-            "role": _STR,
-            "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
-            "tools": _STRS,
-            "metadata": _obj(
-                {
-                    "user_agent": _STR,
-                    "assistant_agent": _STR,
-                    "user_model": _NSTR,
-                    "assistant_model": _NSTR,
-                    "n_turns": _INT,
-                    "n_tool_calls": _INT,
-                    "duration_s": _NUM,
-                    "user_stopped": _BOOL,
-                    "attempt": _INT,
-                    "hint": {"enum": [None, "plan", "feedback"]},
-                    "preferred": _BOOL,
-                    "signals": {"type": "object", "additionalProperties": _INT},
-                }
+    [
+        Field("trajectory_id", STR),
+        Field("task_id", STR),
+        Field("run_id", STR),
+        Field("batch", INT32),
+        Field("role", STR),
+        Field("messages", List(MESSAGE, min_items=1)),
+        Field("tools", List(STR)),
+        Field(
+            "metadata",
+            Struct(
+                Field("user_agent", STR),
+                Field("assistant_agent", STR),
+                Field("user_model", STR, nullable=True),
+                Field("assistant_model", STR, nullable=True),
+                Field("n_turns", INT32),
+                Field("n_tool_calls", INT32),
+                Field("duration_s", FLOAT64),
+                Field("user_stopped", BOOL),
+                Field("attempt", INT32),
+                Field("hint", Enum(None, "plan", "feedback")),
+                Field("preferred", BOOL),
+                Field("signals", Map(INT32)),
             ),
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("trajectory_id", pa.string()),
-            ("task_id", pa.string()),
-            ("run_id", pa.string()),
-            ("batch", pa.int32()),
-            ("role", pa.string()),
-            ("messages", pa.list_(ARROW_MESSAGE)),
-            ("tools", pa.list_(pa.string())),
-            (
-                "metadata",
-                pa.struct(
-                    [
-                        ("user_agent", pa.string()),
-                        ("assistant_agent", pa.string()),
-                        ("user_model", pa.string()),
-                        ("assistant_model", pa.string()),
-                        ("n_turns", pa.int32()),
-                        ("n_tool_calls", pa.int32()),
-                        ("duration_s", pa.float64()),
-                        ("user_stopped", pa.bool_()),
-                        ("attempt", pa.int32()),
-                        ("hint", pa.string()),
-                        ("preferred", pa.bool_()),
-                        ("signals", pa.map_(pa.string(), pa.int32())),
-                    ]
-                ),
-            ),
-        ]
-    ),
+        ),
+    ],
 )
 
 VERDICTS = Table(
     "verdicts",
-    _obj(
-        {
-            "verdict_id": _STR,
-            "trajectory_id": _STR,
-            "task_id": _STR,
-            "run_id": _STR,
-            "batch": _INT,
-            "control": _STR,
-            "expected_pass": _BOOL,
-            "passed": _BOOL,
-            "outcome_passed": _BOOL,
-            "score": _NUM,
-            "components": {"type": "array", "items": _CHECK},
-            "error": _NSTR,
-            "duration_s": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("verdict_id", pa.string()),
-            ("trajectory_id", pa.string()),
-            ("task_id", pa.string()),
-            ("run_id", pa.string()),
-            ("batch", pa.int32()),
-            ("control", pa.string()),
-            ("expected_pass", pa.bool_()),
-            ("passed", pa.bool_()),
-            ("outcome_passed", pa.bool_()),
-            ("score", pa.float64()),
-            (
-                "components",
-                pa.list_(
-                    pa.struct(
-                        [("name", pa.string()), ("passed", pa.bool_()), ("score", pa.float64()), ("detail", pa.string())]
-                    )
-                ),
-            ),
-            ("error", pa.string()),
-            ("duration_s", pa.float64()),
-        ]
-    ),
+    [
+        Field("verdict_id", STR),
+        Field("trajectory_id", STR),
+        Field("task_id", STR),
+        Field("run_id", STR),
+        Field("batch", INT32),
+        Field("control", STR),
+        Field("expected_pass", BOOL),
+        Field("passed", BOOL),
+        Field("outcome_passed", BOOL),
+        Field("score", FLOAT64),
+        Field("components", List(CHECK)),
+        Field("error", STR, nullable=True),
+        Field("duration_s", FLOAT64),
+    ],
 )
 
 USAGE_COUNTS = ("requests", "cache_hits", "retries", "rate_limited", "server_errors", "timeouts",
-                 "connection_errors", "malformed", "prompt_tokens", "completion_tokens")
+                "connection_errors", "malformed", "prompt_tokens", "completion_tokens")
 
 LLM_USAGE = Table(
     "llm_usage",
-    _obj(
-        {
-            "run_id": _STR,
-            "batch": _INT,
-            "phase": _STR,
-            "role": _STR,
-            "model": _STR,
-            **{k: {"type": "integer", "minimum": 0} for k in USAGE_COUNTS},
-            "cost_usd": _NUM,
-            "latency_s": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("run_id", pa.string()),
-            ("batch", pa.int32()),
-            ("phase", pa.string()),
-            ("role", pa.string()),
-            ("model", pa.string()),
-            *((k, pa.int64()) for k in USAGE_COUNTS),
-            ("cost_usd", pa.float64()),
-            ("latency_s", pa.float64()),
-        ]
-    ),
+    [
+        Field("run_id", STR),
+        Field("batch", INT32),
+        Field("phase", STR),
+        Field("role", STR),
+        Field("model", STR),
+        *(Field(k, INT64.at_least(0)) for k in USAGE_COUNTS),
+        Field("cost_usd", FLOAT64),
+        Field("latency_s", FLOAT64),
+    ],
 )
 
 # --- curation: one row per task per curate run; a new model version or policy adds rows, never overwrites ----
-_NNUM = {"type": ["number", "null"]}
-_NINT = {"type": ["integer", "null"]}
-_NBOOL = {"type": ["boolean", "null"]}
-_CURATED = {"task_id": _STR, "run_id": _STR, "curate_run_id": _STR, "measured_at": _NUM}
-_ARROW_CURATED = [("task_id", pa.string()), ("run_id", pa.string()), ("curate_run_id", pa.string()),
-                  ("measured_at", pa.float64())]
+CURATED = (Field("task_id", STR), Field("run_id", STR), Field("curate_run_id", STR), Field("measured_at", FLOAT64))
 
 NECESSITY = Table(
     "necessity",
-    _obj(
-        {
-            **_CURATED,
-            "model": _STR,
-            "model_version": _STR,
-            "no_tool_k": _INT,
-            "no_tool_passes": _NINT,
-            "no_tool_pass_rate": _NNUM,
-            "threshold": _NUM,
-            "label": {"enum": ["necessary", "unnecessary", None]},
-            "ref_calls": _INT,
-            "min_calls": _INT,
-            "ablation_source": {"enum": ["reference", "replay", "model"]},
-            "ablation_candidates": _INT,
-            "removed_calls": _STRS,
-            "no_tool_seconds": _NNUM,
-            "ablation_seconds": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            *_ARROW_CURATED,
-            ("model", pa.string()),
-            ("model_version", pa.string()),
-            ("no_tool_k", pa.int32()),
-            ("no_tool_passes", pa.int32()),
-            ("no_tool_pass_rate", pa.float64()),
-            ("threshold", pa.float64()),
-            ("label", pa.string()),
-            ("ref_calls", pa.int32()),
-            ("min_calls", pa.int32()),
-            ("ablation_source", pa.string()),
-            ("ablation_candidates", pa.int32()),
-            ("removed_calls", pa.list_(pa.string())),
-            ("no_tool_seconds", pa.float64()),
-            ("ablation_seconds", pa.float64()),
-        ]
-    ),
+    [
+        *CURATED,
+        Field("model", STR),
+        Field("model_version", STR),
+        Field("no_tool_k", INT32),
+        Field("no_tool_passes", INT32, nullable=True),
+        Field("no_tool_pass_rate", FLOAT64, nullable=True),
+        Field("threshold", FLOAT64),
+        Field("label", Enum("necessary", "unnecessary", None)),
+        Field("ref_calls", INT32),
+        Field("min_calls", INT32),
+        Field("ablation_source", Enum("reference", "replay", "model")),
+        Field("ablation_candidates", INT32),
+        Field("removed_calls", List(STR)),
+        Field("no_tool_seconds", FLOAT64, nullable=True),
+        Field("ablation_seconds", FLOAT64),
+    ],
 )
 
-_COMPONENT_STATS = _obj({"name": _STR, "mean": _NUM, "variance": _NUM})
+COMPONENT_STATS = Struct(Field("name", STR), Field("mean", FLOAT64), Field("variance", FLOAT64))
 
 DIFFICULTY = Table(
     "difficulty",
-    _obj(
-        {
-            **_CURATED,
-            "policy": _STR,
-            "policy_version": _STR,
-            "k": _INT,
-            "passes": _INT,
-            "pass_rate": _NUM,
-            "outcome_pass_rate": _NUM,
-            "bucket": {"enum": ["easy", "boundary", "hard", "never_solved", "verifier_suspect"]},
-            "priority": _NUM,
-            "components": {"type": "array", "items": _COMPONENT_STATS},
-            "reference_rechecked": _BOOL,
-            "reference_passed": _NBOOL,
-            "reference_detail": _STR,
-            "seconds": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            *_ARROW_CURATED,
-            ("policy", pa.string()),
-            ("policy_version", pa.string()),
-            ("k", pa.int32()),
-            ("passes", pa.int32()),
-            ("pass_rate", pa.float64()),
-            ("outcome_pass_rate", pa.float64()),
-            ("bucket", pa.string()),
-            ("priority", pa.float64()),
-            ("components", pa.list_(pa.struct([("name", pa.string()), ("mean", pa.float64()),
-                                                ("variance", pa.float64())]))),
-            ("reference_rechecked", pa.bool_()),
-            ("reference_passed", pa.bool_()),
-            ("reference_detail", pa.string()),
-            ("seconds", pa.float64()),
-        ]
-    ),
+    [
+        *CURATED,
+        Field("policy", STR),
+        Field("policy_version", STR),
+        Field("k", INT32),
+        Field("passes", INT32),
+        Field("pass_rate", FLOAT64),
+        Field("outcome_pass_rate", FLOAT64),
+        Field("bucket", Enum("easy", "boundary", "hard", "never_solved", "verifier_suspect")),
+        Field("priority", FLOAT64),
+        Field("components", List(COMPONENT_STATS)),
+        Field("reference_rechecked", BOOL),
+        Field("reference_passed", BOOL, nullable=True),
+        Field("reference_detail", STR),
+        Field("seconds", FLOAT64),
+    ],
 )
 
 DEDUP = Table(
     "dedup",
-    _obj(
-        {
-            **_CURATED,
-            "content_hash": _STR,
-            "exact_of": _NSTR,
-            "near_of": _NSTR,
-            "cluster": _STR,
-            "duplicate": _BOOL,
-            "contaminated": _BOOL,
-            "contamination_items": _STRS,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            *_ARROW_CURATED,
-            ("content_hash", pa.string()),
-            ("exact_of", pa.string()),
-            ("near_of", pa.string()),
-            ("cluster", pa.string()),
-            ("duplicate", pa.bool_()),
-            ("contaminated", pa.bool_()),
-            ("contamination_items", pa.list_(pa.string())),
-        ]
-    ),
+    [
+        *CURATED,
+        Field("content_hash", STR),
+        Field("exact_of", STR, nullable=True),
+        Field("near_of", STR, nullable=True),
+        Field("cluster", STR),
+        Field("duplicate", BOOL),
+        Field("contaminated", BOOL),
+        Field("contamination_items", List(STR)),
+    ],
 )
 
 # --- training: one row per evaluation of a policy (stage base / sft / grpo) in a train run -----------------------
 POLICY_EVALS = Table(
     "policy_evals",
-    _obj(
-        {
-            "train_run_id": _STR,
-            "train_stage": _STR,
-            "policy": _STR,
-            "weights_digest": _STR,
-            "measured_at": _NUM,
-            "tasks": _INT,
-            "attempts": _INT,
-            "pass_at_1": _NUM,
-            "pass_all_k": _NUM,
-            "valid_call_rate": _NNUM,
-            "calls": _INT,
-            "malformed_calls": _INT,
-            "calls_per_success": _NNUM,
-            "seconds_per_task": _NUM,
-            "eval_key": _STR,
-            "reused_from": _NSTR,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("train_run_id", pa.string()),
-            ("train_stage", pa.string()),
-            ("policy", pa.string()),
-            ("weights_digest", pa.string()),
-            ("measured_at", pa.float64()),
-            ("tasks", pa.int32()),
-            ("attempts", pa.int32()),
-            ("pass_at_1", pa.float64()),
-            ("pass_all_k", pa.float64()),
-            ("valid_call_rate", pa.float64()),
-            ("calls", pa.int32()),
-            ("malformed_calls", pa.int32()),
-            ("calls_per_success", pa.float64()),
-            ("seconds_per_task", pa.float64()),
-            ("eval_key", pa.string()),
-            ("reused_from", pa.string()),
-        ]
-    ),
+    [
+        Field("train_run_id", STR),
+        Field("train_stage", STR),
+        Field("policy", STR),
+        Field("weights_digest", STR),
+        Field("measured_at", FLOAT64),
+        Field("tasks", INT32),
+        Field("attempts", INT32),
+        Field("pass_at_1", FLOAT64),
+        Field("pass_all_k", FLOAT64),
+        Field("valid_call_rate", FLOAT64, nullable=True),
+        Field("calls", INT32),
+        Field("malformed_calls", INT32),
+        Field("calls_per_success", FLOAT64, nullable=True),
+        Field("seconds_per_task", FLOAT64),
+        Field("eval_key", STR),
+        Field("reused_from", STR, nullable=True),
+    ],
 )
 
 # --- external benchmark: one row per (BFCL evaluation of a policy, category) ----------------------------------------
 BFCL_EVALS = Table(
     "bfcl_evals",
-    _obj(
-        {
-            "eval_id": _STR,  # bfcl-<digest of the policy version and the questions asked>
-            "train_run_id": _NSTR,  # null for an evaluation outside a train run (synthloop bfcl)
-            "train_stage": _NSTR,  # base / sft / grpo
-            "policy": _STR,
-            "policy_kind": {"enum": ["local", "endpoint"]},
-            "policy_version": _STR,  # a local policy's weights digest, an endpoint's model name
-            "benchmark": _STR,  # the BFCL files' version, e.g. BFCL_v4
-            "category": _STR,
-            "seed": _INT,
-            "per_category": _NINT,  # the sample size asked for; null = every question
-            "items": _INT,
-            "correct": _INT,
-            "accuracy": _NUM,
-            "malformed": _INT,
-            "seconds_per_item": _NUM,
-            "measured_at": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("eval_id", pa.string()),
-            ("train_run_id", pa.string()),
-            ("train_stage", pa.string()),
-            ("policy", pa.string()),
-            ("policy_kind", pa.string()),
-            ("policy_version", pa.string()),
-            ("benchmark", pa.string()),
-            ("category", pa.string()),
-            ("seed", pa.int64()),
-            ("per_category", pa.int32()),
-            ("items", pa.int32()),
-            ("correct", pa.int32()),
-            ("accuracy", pa.float64()),
-            ("malformed", pa.int32()),
-            ("seconds_per_item", pa.float64()),
-            ("measured_at", pa.float64()),
-        ]
-    ),
+    [
+        Field("eval_id", STR),  # bfcl-<digest of the policy version and the questions asked>
+        Field("train_run_id", STR, nullable=True),  # null for an evaluation outside a train run (synthloop bfcl)
+        Field("train_stage", STR, nullable=True),  # base / sft / grpo
+        Field("policy", STR),
+        Field("policy_kind", Enum("local", "endpoint")),
+        Field("policy_version", STR),  # a local policy's weights digest, an endpoint's model name
+        Field("benchmark", STR),  # the BFCL files' version, e.g. BFCL_v4
+        Field("category", STR),
+        Field("seed", INT64),
+        Field("per_category", INT32, nullable=True),  # the sample size asked for; null = every question
+        Field("items", INT32),
+        Field("correct", INT32),
+        Field("accuracy", FLOAT64),
+        Field("malformed", INT32),
+        Field("seconds_per_item", FLOAT64),
+        Field("measured_at", FLOAT64),
+    ],
 )
 
 
 # --- training: one row per GRPO step (rewards per task as JSON: the closed loop reads p̂ from them) ---------------
 GRPO_STEPS = Table(
     "grpo_steps",
-    _obj(
-        {
-            "train_run_id": _STR,
-            "step": _INT,
-            "per_task": {},  # [{run_id, task_id, rewards: [...], passed: [...]}]
-            "reward_mean": _NUM,
-            "reward_std_mean": _NUM,
-            "groups": _INT,
-            "groups_dropped": _INT,
-            "passed": _INT,
-            "malformed": _INT,
-            "calls": _INT,
-            "render_drift": _NUM,
-            "loss": _NNUM,
-            "loss_tokens": _INT,
-            "updated": _BOOL,
-            "rollout_seconds": _NUM,
-            "train_seconds": _NUM,
-            "measured_at": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("train_run_id", pa.string()),
-            ("step", pa.int32()),
-            ("per_task", pa.string()),
-            ("reward_mean", pa.float64()),
-            ("reward_std_mean", pa.float64()),
-            ("groups", pa.int32()),
-            ("groups_dropped", pa.int32()),
-            ("passed", pa.int32()),
-            ("malformed", pa.int32()),
-            ("calls", pa.int32()),
-            ("render_drift", pa.float64()),
-            ("loss", pa.float64()),
-            ("loss_tokens", pa.int64()),
-            ("updated", pa.bool_()),
-            ("rollout_seconds", pa.float64()),
-            ("train_seconds", pa.float64()),
-            ("measured_at", pa.float64()),
-        ]
-    ),
-    json_fields=("per_task",),
+    [
+        Field("train_run_id", STR),
+        Field("step", INT32),
+        Field("per_task", Json()),  # [{run_id, task_id, rewards: [...], passed: [...]}]
+        Field("reward_mean", FLOAT64),
+        Field("reward_std_mean", FLOAT64),
+        Field("groups", INT32),
+        Field("groups_dropped", INT32),
+        Field("passed", INT32),
+        Field("malformed", INT32),
+        Field("calls", INT32),
+        Field("render_drift", FLOAT64),
+        Field("loss", FLOAT64, nullable=True),
+        Field("loss_tokens", INT64),
+        Field("updated", BOOL),
+        Field("rollout_seconds", FLOAT64),
+        Field("train_seconds", FLOAT64),
+        Field("measured_at", FLOAT64),
+    ],
 )
 
 # --- closed loop: the replay buffer (one row per task and round) and one row of figures per round ----------------
 REPLAY_BUFFER = Table(
     "replay_buffer",
-    _obj(
-        {
-            "loop_run_id": _STR,
-            "round": _INT,
-            "run_id": _STR,
-            "task_id": _STR,
-            "attempts": _INT,
-            "p_hat": _NUM,
-            "reward_mean": _NUM,
-            "reward_var": _NUM,
-            "status": {"enum": ["active", "retired", "parent"]},
-            "weakness": _NSTR,
-            "labels": {},  # {diagnosis label: count} over the failed attempts
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("loop_run_id", pa.string()),
-            ("round", pa.int32()),
-            ("run_id", pa.string()),
-            ("task_id", pa.string()),
-            ("attempts", pa.int32()),
-            ("p_hat", pa.float64()),
-            ("reward_mean", pa.float64()),
-            ("reward_var", pa.float64()),
-            ("status", pa.string()),
-            ("weakness", pa.string()),
-            ("labels", pa.string()),
-        ]
-    ),
-    json_fields=("labels",),
+    [
+        Field("loop_run_id", STR),
+        Field("round", INT32),
+        Field("run_id", STR),
+        Field("task_id", STR),
+        Field("attempts", INT32),
+        Field("p_hat", FLOAT64),
+        Field("reward_mean", FLOAT64),
+        Field("reward_var", FLOAT64),
+        Field("status", Enum("active", "retired", "parent")),
+        Field("weakness", STR, nullable=True),
+        Field("labels", Json()),  # {diagnosis label: count} over the failed attempts
+    ],
 )
 
 LOOP_ROUNDS = Table(
     "loop_rounds",
-    _obj(
-        {
-            "loop_run_id": _STR,
-            "round": _INT,
-            "synthesize_run_id": _STR,
-            "curate_run_id": _STR,
-            "train_run_id": _STR,
-            "policy_dir": _STR,
-            "tasks": _INT,
-            "accepted": _INT,
-            "variants_of": _INT,  # parents whose variants this round's synthesize run made
-            "evals": {},  # [{train_stage, pass_at_1, valid_call_rate, ...}]
-            "grpo_reward_trend": {},
-            "grpo_groups_dropped": _NNUM,
-            "buffer_active": _INT,
-            "buffer_retired": _INT,
-            "parents": _INT,  # parents selected for the next round
-            "weakness_profile": {},
-            "seconds": _NUM,
-            "measured_at": _NUM,
-            "schema_version": _INT,
-        }
-    ),
-    _schema(
-        [
-            ("loop_run_id", pa.string()),
-            ("round", pa.int32()),
-            ("synthesize_run_id", pa.string()),
-            ("curate_run_id", pa.string()),
-            ("train_run_id", pa.string()),
-            ("policy_dir", pa.string()),
-            ("tasks", pa.int32()),
-            ("accepted", pa.int32()),
-            ("variants_of", pa.int32()),
-            ("evals", pa.string()),
-            ("grpo_reward_trend", pa.string()),
-            ("grpo_groups_dropped", pa.float64()),
-            ("buffer_active", pa.int32()),
-            ("buffer_retired", pa.int32()),
-            ("parents", pa.int32()),
-            ("weakness_profile", pa.string()),
-            ("seconds", pa.float64()),
-            ("measured_at", pa.float64()),
-        ]
-    ),
-    json_fields=("evals", "grpo_reward_trend", "weakness_profile"),
+    [
+        Field("loop_run_id", STR),
+        Field("round", INT32),
+        Field("synthesize_run_id", STR),
+        Field("curate_run_id", STR),
+        Field("train_run_id", STR),
+        Field("policy_dir", STR),
+        Field("tasks", INT32),
+        Field("accepted", INT32),
+        Field("variants_of", INT32),  # parents whose variants this round's synthesize run made
+        Field("evals", Json()),  # [{train_stage, pass_at_1, valid_call_rate, ...}]
+        Field("grpo_reward_trend", Json()),
+        Field("grpo_groups_dropped", FLOAT64, nullable=True),
+        Field("buffer_active", INT32),
+        Field("buffer_retired", INT32),
+        Field("parents", INT32),  # parents selected for the next round
+        Field("weakness_profile", Json()),
+        Field("seconds", FLOAT64),
+        Field("measured_at", FLOAT64),
+    ],
 )
 
 TABLES: dict[str, Table] = {
