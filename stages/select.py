@@ -101,12 +101,13 @@ def rollout_stats(corpus: Corpus, train_run_id: str) -> dict[tuple[str, str], di
 
 
 def failed_rollouts(corpus: Corpus, train_run_id: str) -> dict[str, list[tuple[Trajectory, Verdict]]]:
-    """The train run's failed GRPO conversations with their verdicts, by task id."""
+    """The train run's failed GRPO conversations with their verdicts, by task id. The run that wrote a row is its
+    partition (``run``); ``run_id`` is the synthesize run of the task it is about."""
     con = corpus.connect()
     found = con.execute(
         "SELECT t.*, v.components, v.verdict_id, v.passed AS v_passed FROM trajectories t JOIN verdicts v "
         "USING (trajectory_id) WHERE t.role = 'grpo' AND v.control = 'grpo' AND NOT v.passed "
-        "AND t.trajectory_id LIKE ?", [f"%@{train_run_id}"])
+        "AND t.run = ? AND v.run = ?", [train_run_id, train_run_id])
     names = [d[0] for d in found.description]
     out: dict[str, list[tuple[Trajectory, Verdict]]] = {}
     fields = set(Trajectory.__dataclass_fields__)
