@@ -107,7 +107,8 @@ def field_at(model: type[BaseModel], path: list[str], source: str = "--set") -> 
             annotation = get_args(annotation)[1]
         elif get_origin(annotation) is list:
             if not key.isdigit():
-                raise UsageError(f"{'.'.join(path[:depth])} in {source} is a list: give an index (…0, …1), not {key!r}")
+                raise UsageError(f"{'.'.join(path[:depth])} in {source} is a list: give an index (…0, …1), "
+                                 f"not {key!r}")
             annotation = get_args(annotation)[0]
         else:
             raise UsageError(f"unknown key {where!r} in {source}: {'.'.join(path[:depth])} holds a single value")

@@ -83,6 +83,14 @@ def test_precedence_defaults_then_config_file_then_flags_then_set(tmp_path):
     assert (both.n_tasks, both.seed, both.agents.llm_tasks) == (7, 9, 3)
 
 
+def test_a_stage_the_config_file_skips_stays_skipped(tmp_path):
+    """``"sft": null`` in the file skips SFT, as it does in the Prefect form (the old mapper turned it back on)."""
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"sft": None}))
+    assert config_of(["train", "--config", str(path)]).sft is None
+    assert config_of(["train", "--config", str(path), "--max-steps", "3"]).sft.max_steps == 3
+
+
 @pytest.mark.parametrize("old, new", [
     (["curate", "--no-tool-k", "0", "--necessity-tasks", "5", "--continuation", "model", "--rollouts", "2",
       "--difficulty-tasks", "3"],
