@@ -150,7 +150,11 @@ def set_path(data: dict, model: type[BaseModel], path: list[str], value: Any) ->
             node = node[key]
         annotation = field_at(model, path[:depth + 1])
     if isinstance(node, list):
-        node[int(path[-1])] = value
+        index = int(path[-1])
+        if index > len(node):
+            raise UsageError(f"--set {'.'.join(path)}: {'.'.join(path[:-1])} has {len(node)} item(s); "
+                             f"index {len(node)} adds one")
+        node[index:index + 1] = [value]
     else:
         node[path[-1]] = value
 

@@ -49,6 +49,14 @@ def test_set_into_a_nested_config_keeps_its_other_defaults():
     assert (config.train.sft.max_steps, config.train.sft.batch_size) == (3, 2)
 
 
+def test_set_reaches_list_items_by_index(tmp_path):
+    config = config_of(["synthesize", "--env", "a.b:C", "--set", "environments.0.name=shop",
+                        "--set", 'environments.1={"kind": "module", "ref": "d.e:F"}'])
+    assert [(s.ref, s.name) for s in config.environments] == [("a.b:C", "shop"), ("d.e:F", None)]
+    with pytest.raises(UsageError, match="environments has 0 item"):
+        config_of(["synthesize", "--set", "environments.3.name=x"])
+
+
 def test_an_unknown_set_key_is_one_line_with_the_nearest_name(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, lines = run(["synthesize", "--set", "agents.llm_task=0", "--corpus", "corpus"], capsys)
