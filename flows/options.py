@@ -230,7 +230,7 @@ def add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel],
             continue
         type_, choices, many = kind
         default = field.get_default(call_default_factory=True)
-        text = _help(field.description) + f" (default: {_shown(default)})"
+        text = f"{_help(field.description)} (default: {_shown(default)})".lstrip()
         if type_ is bool:
             parser.add_argument(flag_name(name), dest=f"field_{name}", action=argparse.BooleanOptionalAction,
                                 default=None, help=text)

@@ -167,8 +167,13 @@ def test_the_cli_and_the_prefect_form_are_the_same_knobs(command):
     sub = build_parser(command).commands[command]
     for name, field in model.model_fields.items():
         assert config["properties"][name].get("description") == field.description, (command, name)
-        # every field is reachable: its own flag, or --set (which checks the key against the same model)
-        if "--" + name.replace("_", "-") not in sub.option_names:
+        # every field is reachable: its own flag, documented as in the form, or --set (which checks the key
+        # against the same model)
+        flag = "--" + name.replace("_", "-")
+        if flag in sub.option_names:
+            shown = sub._option_string_actions[flag].help.replace("%%", "%")
+            assert shown.startswith(config["properties"][name].get("description") or "("), (command, name)
+        else:
             field_at(model, [name])
     for name in schema["properties"]:
         if name == "config" or (command, name) == ("curate", "sources"):
