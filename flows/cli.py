@@ -5,47 +5,65 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import importlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from flows.options import Shortcut, UsageError, add_model_options, build_config
 from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
 
 DEFAULT_CORPUS = "data/corpus"
+STRUCTURED_OUTPUT = ["json_schema", "json_object_schema", "none"]
 
 
-class UsageError(Exception):
-    """A mistake in what the user gave (a config file, a folder): printed as one line, exit status 2."""
+def config_model(command: str) -> type:
+    """The config model a command's options are generated from, and the one its flow takes as ``config``.
+
+    The one place the CLI imports config models, when that command runs (the other commands stay fast)."""
+    if command in ("synthesize", "serve"):
+        from generators.config import SynthesizeConfig
+
+        return SynthesizeConfig
+    if command == "curate":
+        from stages.curate import CurateConfig
+
+        return CurateConfig
+    if command == "train":
+        from training.config import TrainConfig
+
+        return TrainConfig
+    from stages.select import LoopConfig
+
+    return LoopConfig
 
 
-def read_config_file(path: str | None) -> dict:
-    """The JSON object in a ``--config`` file ({} without one); a missing or malformed file is a ``UsageError``
-    naming it, never a traceback."""
-    if not path:
-        return {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"config file {path} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"config file {path} is a folder, not a JSON file") from None
-    except PermissionError:
-        raise UsageError(f"config file {path} cannot be read (permission denied)") from None
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"config file {path} is not UTF-8 text (byte {exc.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"config file {path} is not valid JSON: {exc.msg} at line {exc.lineno} column "
-                         f"{exc.colno}") from None
-    except RecursionError:
-        raise UsageError(f"config file {path} is nested too deeply to be a config") from None
-    if not isinstance(data, dict):
-        raise UsageError(f"config file {path} must hold a JSON object of config fields, not a "
-                         f"{type(data).__name__}") from None
-    return data
+CONFIG_COMMANDS = ("synthesize", "serve", "curate", "train", "loop")
+
+# Flags for nested fields under the names users already type; every other nested field is a --set key.
+SHORTCUTS: dict[str, list[Shortcut]] = {
+    "synthesize": [Shortcut("--llm-tasks", "agents.llm_tasks", metavar="N")],
+    "curate": [Shortcut("--no-tool-k", "necessity.k", metavar="K"),
+               Shortcut("--necessity-tasks", "necessity.max_tasks", metavar="N"),
+               Shortcut("--continuation", "necessity.continuation"),
+               Shortcut("--rollouts", "difficulty.k", metavar="K"),
+               Shortcut("--difficulty-tasks", "difficulty.max_tasks", metavar="N")],
+    "train": [Shortcut("--max-steps", "sft.max_steps", metavar="N"),
+              Shortcut("--batch-size", "sft.batch_size", metavar="B"),
+              Shortcut("--policy", "sft.policy", metavar="DIR"),
+              Shortcut("--adapter", "sft.adapter"),
+              Shortcut("--grpo-steps", "grpo.max_steps", metavar="N"),
+              Shortcut("--group-size", "grpo.group_size", metavar="G"),
+              Shortcut("--engine", "grpo.engine"),
+              Shortcut("--eval-tasks", "evaluation.tasks", metavar="N"),
+              # after the stage's own shortcuts: skipping a stage wins over its settings
+              Shortcut("--no-sft", "sft", const=None),
+              Shortcut("--no-grpo", "grpo", const=None)],
+    "loop": [],
+}
+SHORTCUTS["serve"] = SHORTCUTS["synthesize"]
 
 
 def require_corpus(path: str):
@@ -58,15 +76,21 @@ def require_corpus(path: str):
     return Corpus(path)
 
 
-def synthesize_config(args: argparse.Namespace):
-    """The SynthesizeConfig of a command line: --config, then the options over it (serve uses it too)."""
-    from generators.config import SynthesizeConfig
+def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:
+    """The one named endpoint ``cli`` that --base-url gives every LLM role (vLLM, OpenAI, any compatible
+    server), or None without --base-url."""
+    if not getattr(args, "base_url", None):
+        return None
+    endpoint = {"base_url": args.base_url, "model": args.model or "default",
+                "structured_output": args.structured_output or "json_schema"}
+    if getattr(args, "max_concurrency", None):
+        endpoint["max_concurrency"] = args.max_concurrency
+    data.setdefault("endpoints", {})["cli"] = endpoint
+    return endpoint
 
-    data = read_config_file(args.config)
-    for key in ("n_tasks", "batch_size", "seed", "run_name"):
-        value = getattr(args, key, None)
-        if value is not None:
-            data[key] = value
+
+def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
+    """--catalog/--mcp/--env as environment sources, and --base-url as the endpoint of every role."""
     sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
     mcp_extra = {**({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {}),
                  **({"programs": args.mcp_programs} if getattr(args, "mcp_programs", None) else {}),
@@ -77,43 +101,47 @@ def synthesize_config(args: argparse.Namespace):
                 for ref in getattr(args, "env", None) or []]
     if sources:
         data["environments"] = [*data.get("environments", []), *sources]
-    if args.domains is not None:
-        data["domains"] = [d for d in args.domains.split(",") if d]
-    elif sources and "domains" not in data:
-        data["domains"] = []  # the user's own tools only, unless built-in domains are asked for too
+        data.setdefault("domains", [])  # the user's own tools only, unless built-in domains are asked for too
     agents = data.setdefault("agents", {})
-    if getattr(args, "llm_tasks", None) is not None:
-        agents["llm_tasks"] = args.llm_tasks
-    if getattr(args, "base_url", None):
-        # one named endpoint for every LLM role: the same flow on vLLM, OpenAI or any compatible server
-        endpoint = {"base_url": args.base_url, "model": args.model or "default",
-                    "structured_output": args.structured_output or "json_schema"}
-        if args.max_concurrency:
-            endpoint["max_concurrency"] = args.max_concurrency
-        agents.setdefault("endpoints", {})["cli"] = endpoint
+    if endpoint_options(agents, args):
         for role in ("assistant", "user", "task_writer"):
             agents.setdefault(role, {})["endpoint"] = "cli"
-    return SynthesizeConfig(**data)
+
+
+def curate_endpoint(args: argparse.Namespace, data: dict) -> None:
+    """--base-url as the endpoint of both probes."""
+    if endpoint_options(data, args):
+        for probe in ("necessity", "difficulty"):
+            data.setdefault(probe, {})["endpoint"] = "cli"
+
+
+EXTRA = {"synthesize": synthesize_sources, "serve": synthesize_sources, "curate": curate_endpoint}
+
+
+def load_config(args: argparse.Namespace):
+    """The config of a command line (model defaults < --config < flags < --set)."""
+    command = args.command
+    return build_config(config_model(command), args, SHORTCUTS[command], EXTRA.get(command))
+
+
+def synthesize_config(args: argparse.Namespace):
+    """The SynthesizeConfig of a synthesize or serve command line."""
+    return build_config(config_model("synthesize"), args, SHORTCUTS["synthesize"], synthesize_sources)
+
+
+def run_flow(args: argparse.Namespace, name: str, **parameters):
+    """Run the flow ``flows.<name>.<name>`` against a reachable Prefect server; its failures reach
+    :func:`exit_status`."""
+    with prefect_api(args.port):
+        # imported once the API URL is set: Prefect reads it on import
+        flow = getattr(importlib.import_module(f"flows.{name}"), name)
+        console_without_tracebacks()
+        return flow(**parameters)
 
 
 def cmd_synthesize(args: argparse.Namespace) -> int:
-    from generators.embedded import EmbeddedModelError
-    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
-
     config = synthesize_config(args)
-    with prefect_api(args.port):
-        from flows.synthesize import synthesize  # after the API URL is set: Prefect reads it on import
-        console_without_tracebacks()
-
-        try:
-            summary = synthesize(config=config, corpus_root=args.corpus, workers=args.workers, ray=args.ray)
-        except ConnectionError as exc:  # --ray: no cluster answers
-            print(f"synthesize stopped: {exc}", file=sys.stderr)
-            return 3
-        except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
-            # what was finished is kept; the same command resumes (answers so far are in the request cache)
-            print(f"synthesize stopped: {exc}", file=sys.stderr)
-            return 3
+    summary = run_flow(args, "synthesize", config=config, corpus_root=args.corpus, workers=args.workers, ray=args.ray)
     cov = summary["coverage"]
     print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
                      | {"coverage": cov, "llm": summary["llm"], "llm_usage": summary["llm_usage"],
@@ -121,144 +149,46 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_curate_config(args: argparse.Namespace):
-    from stages.curate import CurateConfig
-
-    data = read_config_file(args.config)
-    for key in ("run_name", "seed", "batch_size"):
-        if getattr(args, key, None) is not None:
-            data[key] = getattr(args, key)
-    if args.runs:
-        data["runs"] = args.runs.split(",")
-    for probe, k, n in (("necessity", args.no_tool_k, args.necessity_tasks), ("difficulty", args.rollouts, args.difficulty_tasks)):
-        if k is not None:
-            data.setdefault(probe, {})["k"] = k
-        if n is not None:
-            data.setdefault(probe, {})["max_tasks"] = n
-    if args.continuation:
-        data.setdefault("necessity", {})["continuation"] = args.continuation
-    if args.base_url:
-        endpoint = {"base_url": args.base_url, "model": args.model or "default",
-                    "structured_output": args.structured_output or "json_schema"}
-        data.setdefault("endpoints", {})["cli"] = endpoint
-        for probe in ("necessity", "difficulty"):
-            data.setdefault(probe, {})["endpoint"] = "cli"
-    if args.model_version:
-        data["model_version"] = args.model_version
-    return CurateConfig(**data)
-
-
 def cmd_curate(args: argparse.Namespace) -> int:
-    from generators.embedded import EmbeddedModelError
-    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
-
-    config = _load_curate_config(args)
+    config = load_config(args)
     require_corpus(args.corpus)
-    with prefect_api(args.port):
-        from flows.curate import curate
-        console_without_tracebacks()
-
-        try:
-            summary = curate(config=config, corpus_root=args.corpus)
-        except (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError) as exc:
-            print(f"curate stopped: {exc}", file=sys.stderr)
-            return 3
-        except (ValueError, FileNotFoundError) as exc:
-            print(f"curate failed: {exc}", file=sys.stderr)
-            return 2
+    summary = run_flow(args, "curate", config=config, corpus_root=args.corpus)
     print(json.dumps({k: v for k, v in summary.items() if k != "pass_rates"}, indent=2, default=str))
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from training.config import TrainConfig
-
-    data = read_config_file(args.config)
-    if args.run_name:
-        data["run_name"] = args.run_name
-    if args.no_sft:
-        data["sft"] = None
-    else:
-        sft = data.setdefault("sft", {}) or {}
-        for key in ("max_steps", "batch_size", "policy", "adapter"):
-            if getattr(args, key, None) is not None:
-                sft[key] = getattr(args, key)
-        data["sft"] = sft
-    if args.no_grpo:
-        data["grpo"] = None
-    else:
-        grpo = data.setdefault("grpo", {}) or {}
-        for key, name in (("grpo_steps", "max_steps"), ("group_size", "group_size"), ("engine", "engine")):
-            if getattr(args, key, None) is not None:
-                grpo[name] = getattr(args, key)
-        data["grpo"] = grpo
-    if args.eval_tasks:
-        data.setdefault("evaluation", {})["tasks"] = args.eval_tasks
-    config = TrainConfig(**data)
+    config = load_config(args)
     require_corpus(args.corpus)
-    with prefect_api(args.port):
-        from flows.train import train
-        console_without_tracebacks()
+    print(json.dumps(run_flow(args, "train", config=config, corpus_root=args.corpus), indent=2, default=str))
+    return 0
 
-        try:
-            summary = train(config=config, corpus_root=args.corpus)
-        except ValueError as exc:
-            print(f"train failed: {exc}", file=sys.stderr)
-            return 2
-    print(json.dumps(summary, indent=2, default=str))
+
+def cmd_loop(args: argparse.Namespace) -> int:
+    config = load_config(args)
+    print(json.dumps(run_flow(args, "loop", config=config, corpus_root=args.corpus), indent=2, default=str))
     return 0
 
 
 def cmd_bfcl(args: argparse.Namespace) -> int:
     """BFCL accuracy per category of a local policy or an endpoint's model; needs no Prefect."""
-    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
     from training.bfcl_eval import EndpointAgent, LocalAgent, bfcl_accuracy, format_table
-    from training.policy import PolicyError
 
     if args.base_url and args.policy:
-        print("bfcl: give --policy or --base-url, not both", file=sys.stderr)
-        return 2
+        raise UsageError("give --policy or --base-url, not both")
     if args.base_url and not args.model:
-        print("bfcl: --base-url needs --model (the model name the endpoint serves)", file=sys.stderr)
-        return 2
+        raise UsageError("--base-url needs --model (the model name the endpoint serves)")
     categories = args.categories.split(",") if args.categories else None
-    try:
-        if args.base_url:
-            agent = EndpointAgent(base_url=args.base_url, model=args.model, max_concurrency=args.max_concurrency,
-                                  **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
-        else:
-            agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
-                                                         if args.max_new_tokens else {}))
-        kwargs = {"categories": categories} if categories else {}
-        result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
-                               log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
-    except (EndpointUnreachable, EndpointUnavailable, LLMError) as exc:
-        print(f"bfcl stopped: {exc}", file=sys.stderr)
-        return 3
-    except (PolicyError, ValueError, FileNotFoundError) as exc:
-        print(f"bfcl failed: {exc}", file=sys.stderr)
-        return 2
+    if args.base_url:
+        agent = EndpointAgent(base_url=args.base_url, model=args.model, max_concurrency=args.max_concurrency,
+                              **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
+    else:
+        agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
+                                                     if args.max_new_tokens else {}))
+    kwargs = {"categories": categories} if categories else {}
+    result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
+                           log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
-    return 0
-
-
-def cmd_loop(args: argparse.Namespace) -> int:
-    from stages.select import LoopConfig
-
-    data = read_config_file(args.config)
-    if args.rounds:
-        data["rounds"] = args.rounds
-    config = LoopConfig(**data)
-    with prefect_api(args.port):
-        from flows.loop import loop
-        console_without_tracebacks()
-
-        try:
-            summary = loop(config=config, corpus_root=args.corpus)
-        except ValueError as exc:
-            print(f"loop failed: {exc}", file=sys.stderr)
-            return 2
-    print(json.dumps(summary, indent=2, default=str))
     return 0
 
 
@@ -288,14 +218,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     from storage import export_selection, export_trl
 
     corpus = require_corpus(args.corpus)
-    try:
-        if args.format == "trl":
-            n = export_trl(corpus, args.out, run_id=args.run_id)
-        else:
-            n = export_selection(corpus, args.format, args.out)
-    except ValueError as exc:
-        print(f"export failed: {exc}", file=sys.stderr)
-        return 2
+    if args.format == "trl":
+        n = export_trl(corpus, args.out, run_id=args.run_id)
+    else:
+        n = export_selection(corpus, args.format, args.out)
     print(f"wrote {n} rows to {args.out}")
     return 0
 
@@ -469,19 +395,35 @@ def unknown_options(parser: _Parser, extra: list[str]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    apply_offline_env()
+
+def command_of(argv: list[str]) -> str | None:
+    """The subcommand of a command line (the top-level parser has no options that take a value)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> _Parser:
+    """The ``synthloop`` parser; the config options of ``command`` (the one being run) are generated from its
+    model, so only that command imports its model."""
     parser = _Parser(prog="synthloop", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices
 
-    def config_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="JSON file with SynthesizeConfig fields")
-        p.add_argument("--n-tasks", dest="n_tasks", type=int)
-        p.add_argument("--batch-size", dest="batch_size", type=int)
-        p.add_argument("--seed", type=int)
-        p.add_argument("--run-name", dest="run_name")
-        p.add_argument("--domains", help="comma-separated built-in domains, e.g. retail,banking (default: all four, "
-                                          "or none when --catalog/--mcp/--env is given)")
+    def config_options(p: _Parser, name: str) -> None:
+        if name == command:
+            add_model_options(p, config_model(name), SHORTCUTS[name])
+        else:  # not run: its options are never parsed
+            p.add_argument("--config")
+
+    def endpoint_args(p: argparse.ArgumentParser, roles: str) -> None:
+        p.add_argument("--base-url", dest="base_url", help=f"an OpenAI-compatible endpoint for {roles}, e.g. "
+                       "http://127.0.0.1:8000/v1 (default: the embedded local model)")
+        p.add_argument("--model", help="model name at --base-url")
+        p.add_argument("--structured-output", dest="structured_output", choices=STRUCTURED_OUTPUT,
+                       help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
+                            "json_object_schema; none: native tool calls)")
+
+    def synthesize_args(p: _Parser, name: str) -> None:
+        config_options(p, name)
         p.add_argument("--catalog", action="append", metavar="FILE",
                        help="an OpenAPI description (JSON/YAML) to sample tasks on as a REST environment; repeatable")
         p.add_argument("--mcp", action="append", metavar="COMMAND",
@@ -498,22 +440,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
         p.add_argument("--env-path", dest="env_path", metavar="DIR",
                        help="folder to find --env packages in before the Python path, e.g. examples/bookshop")
-        p.add_argument("--llm-tasks", dest="llm_tasks", type=int,
-                       help="tasks that also get LLM rollouts (0 = scripted agents only, no model)")
-        p.add_argument("--base-url", dest="base_url",
-                       help="an OpenAI-compatible endpoint for every LLM role, e.g. http://127.0.0.1:8000/v1 "
-                            "(default: the embedded local model)")
-        p.add_argument("--model", help="model name at --base-url")
-        p.add_argument("--structured-output", dest="structured_output",
-                       choices=["json_schema", "json_object_schema", "none"],
-                       help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
-                            "json_object_schema; none: native tool calls)")
+        endpoint_args(p, "every LLM role")
         p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
 
+    def run_args(p: argparse.ArgumentParser, corpus: str = DEFAULT_CORPUS, what: str = "") -> None:
+        p.add_argument("--corpus", default=corpus, help=what or None)
+        p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+
     p = sub.add_parser("synthesize", help="run the synthesize flow (resumes a run with the same config)")
-    config_args(p)
-    p.add_argument("--corpus", default=DEFAULT_CORPUS)
-    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    synthesize_args(p, "synthesize")
+    run_args(p)
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
                    help="processes running batches at once (default: the CPU count, at most 4)")
     p.add_argument("--ray", metavar="ADDRESS",
@@ -529,41 +465,15 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_query)
 
     p = sub.add_parser("curate", help="run the curate flow: dedup, decontamination, necessity and difficulty probes")
-    p.add_argument("--config", help="JSON file with CurateConfig fields")
-    p.add_argument("--run-name", dest="run_name")
-    p.add_argument("--runs", help="comma-separated synthesize run ids (default: every complete run)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--batch-size", dest="batch_size", type=int)
-    p.add_argument("--no-tool-k", dest="no_tool_k", type=int, help="no-tool attempts per probed task (0 = none)")
-    p.add_argument("--necessity-tasks", dest="necessity_tasks", type=int, help="tasks probed without tools")
-    p.add_argument("--continuation", choices=["replay", "model"], help="how an ablated conversation is finished")
-    p.add_argument("--rollouts", type=int, help="policy rollouts per probed task (0 = no difficulty probe)")
-    p.add_argument("--difficulty-tasks", dest="difficulty_tasks", type=int, help="tasks probed for difficulty")
-    p.add_argument("--base-url", dest="base_url", help="an OpenAI-compatible endpoint for both probes "
-                   "(default: the embedded local model)")
-    p.add_argument("--model", help="model name at --base-url")
-    p.add_argument("--model-version", dest="model_version", help="version recorded with the labels")
-    p.add_argument("--structured-output", dest="structured_output", choices=["json_schema", "json_object_schema", "none"])
-    p.add_argument("--corpus", default=DEFAULT_CORPUS)
-    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+    config_options(p, "curate")
+    endpoint_args(p, "both probes")
+    run_args(p)
     p.set_defaults(fn=cmd_curate)
 
     p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, GRPO, evaluate "
                                      "after each stage")
-    p.add_argument("--config", help="JSON file with TrainConfig fields")
-    p.add_argument("--run-name", dest="run_name")
-    p.add_argument("--max-steps", dest="max_steps", type=int, help="SFT optimizer steps")
-    p.add_argument("--batch-size", dest="batch_size", type=int, help="SFT conversations per step")
-    p.add_argument("--policy", help="base policy folder or hub id (default: the embedded SmolLM2-135M)")
-    p.add_argument("--adapter", choices=["lora", "full"])
-    p.add_argument("--no-sft", dest="no_sft", action="store_true", help="skip SFT")
-    p.add_argument("--no-grpo", dest="no_grpo", action="store_true", help="skip GRPO")
-    p.add_argument("--grpo-steps", dest="grpo_steps", type=int, help="GRPO steps")
-    p.add_argument("--group-size", dest="group_size", type=int, help="GRPO rollouts per task")
-    p.add_argument("--engine", choices=["transformers", "vllm"], help="GRPO rollout engine (vllm: GPU)")
-    p.add_argument("--eval-tasks", dest="eval_tasks", type=int, help="held-out tasks evaluated per stage")
-    p.add_argument("--corpus", default=DEFAULT_CORPUS)
-    p.add_argument("--port", type=int, default=4200)
+    config_options(p, "train")
+    run_args(p)
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("bfcl", help="BFCL accuracy per category of a policy (local) or a model (OpenAI-compatible "
@@ -587,10 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_bfcl)
 
     p = sub.add_parser("loop", help="run the loop flow: rounds of synthesize → curate → train → select → variants")
-    p.add_argument("--config", help="JSON file with LoopConfig fields")
-    p.add_argument("--rounds", type=int)
-    p.add_argument("--corpus", default="data/loop", help="the loop's own corpus (default: data/loop)")
-    p.add_argument("--port", type=int, default=4200)
+    config_options(p, "loop")
+    run_args(p, "data/loop", "the loop's own corpus (default: data/loop)")
     p.set_defaults(fn=cmd_loop)
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
@@ -601,10 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_export)
 
     p = sub.add_parser("serve", help="start a local Prefect server if needed and serve every flow as a deployment")
-    config_args(p)
+    synthesize_args(p, "serve")
     p.add_argument("--cron", help="optional schedule, e.g. '0 3 * * *'")
-    p.add_argument("--port", type=int, default=4200)
-    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    run_args(p)
     p.add_argument("--pool", metavar="NAME", help="deploy to this Prefect process work pool (created if missing) "
                    "for `prefect worker start --pool NAME` processes to run, instead of serving from here")
     p.add_argument("--ray", metavar="ADDRESS", help="synthesize deployments run their batches on this Ray cluster")
@@ -640,33 +547,65 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
     p.set_defaults(fn=cmd_repair)
+    return parser
 
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        print("\n".join(unknown_options(sub.choices[args.command], extra)), file=sys.stderr)
-        return 2
+
+def main(argv: list[str] | None = None) -> int:
+    apply_offline_env()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = command_of(argv)
+    args = None
+    try:
+        parser = build_parser(command if command in CONFIG_COMMANDS else None)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            raise UsageError("\n".join(unknown_options(parser.commands[args.command], extra)))
+        return args.fn(args)
+    except Exception as exc:
+        status = exit_status(exc, command or "", getattr(args, "config", None))
+        if status is None:
+            raise
+        return status
+
+
+def exit_status(exc: Exception, command: str, config_file: str | None = None) -> int | None:
+    """The one place a failure becomes lines on stderr and an exit status; None for an error nobody expected
+    (it ends in Python's own traceback).
+
+    2: a mistake in what was given (an option, a config, a folder, data the run cannot use); 3: something the
+    run talks to stopped answering (the Prefect API, an endpoint, a Ray cluster): what finished is kept and
+    the same command resumes; 4: the filesystem refused (full, read-only, not ours)."""
     from pydantic import ValidationError
 
     from flows.server import PrefectUnreachable
+    from generators.embedded import EmbeddedModelError
+    from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
     from generators.strict import describe
+    from training.policy import PolicyError
 
-    command = f"synthloop {args.command}"
-    try:
-        return args.fn(args)
-    except UsageError as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:  # a bad knob: which key, why, and the nearest valid name; no traceback
-        print("\n".join(f"{command}: {line}" for line in describe(exc, getattr(args, "config", None))),
-              file=sys.stderr)
-        return 2
-    except PrefectUnreachable as exc:
-        if not getattr(exc, "said", False):
-            print(f"{command}: {exc}", file=sys.stderr)
-        return 3
-    except OSError as exc:  # a full disk, a read-only or foreign folder: name the path, not a traceback
-        print(f"{command}: {os_error_line(exc)}", file=sys.stderr)
-        return 4
+    stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
+    # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
+    failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
+              "export": (ValueError,), "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+    name = f"synthloop {command}"
+    if isinstance(exc, UsageError):
+        lines = str(exc).split("\n")
+        status, lines = 2, [line if line.startswith("synthloop") else f"{name}: {line}" for line in lines]
+    elif isinstance(exc, ValidationError):  # a bad knob: which key, why, and the nearest valid name
+        status, lines = 2, [f"{name}: {line}" for line in describe(exc, config_file)]
+    elif isinstance(exc, PrefectUnreachable):
+        status, lines = 3, [] if getattr(exc, "said", False) else [f"{name}: {exc}"]
+    elif isinstance(exc, stopped):
+        status, lines = 3, [f"{name} stopped: {exc}"]
+    elif isinstance(exc, failed):
+        status, lines = 2, [f"{name} failed: {exc}"]
+    elif isinstance(exc, OSError):  # a full disk, a read-only or foreign folder: name the path, not a traceback
+        status, lines = 4, [f"{name}: {os_error_line(exc)}"]
+    else:
+        return None
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
+    return status
 
 
 def os_error_line(exc: OSError) -> str:
@@ -686,3 +625,4 @@ def os_error_line(exc: OSError) -> str:
 
 if __name__ == "__main__":
     sys.exit(main())
+
