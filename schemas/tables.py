@@ -16,6 +16,7 @@ import jsonschema
 import pyarrow as pa
 
 from schemas.records import SCHEMA_VERSION
+from schemas.verifier import RULE_SCHEMA, VERIFIER_SPEC
 
 _STR = {"type": "string"}
 _NSTR = {"type": ["string", "null"]}
@@ -52,40 +53,7 @@ _MESSAGE = _obj(
     },
     optional=("tool_calls", "tool_call_id", "name"),
 )
-_RULE = {
-    "oneOf": [
-        _obj({"kind": {"const": "no_extra_writes"}}),
-        _obj({"kind": {"const": "forbidden_tool"}, "tool": _STR}),
-        _obj({"kind": {"const": "max_calls"}, "value": {"type": "integer", "minimum": 1}}),
-    ]
-}
-# The per-instance verifier spec a task carries: one entry per check component, each with what it needs.
-VERIFIER_SPEC = _obj(
-    {
-        "version": {"const": 1},
-        "checks": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "oneOf": [
-                    _obj({"name": {"enum": ["format", "schema", "execution"]}}),
-                    _obj({"name": {"const": "state_diff"}, "expected": _OBJ}),
-                    _obj({
-                        "name": {"const": "required_calls"},
-                        "calls": {"type": "array", "items": _obj({"tool": _STR, "args": _OBJ})},
-                    }),
-                    _obj({
-                        "name": {"const": "answer"},
-                        "expected": {"type": "array"},
-                        "sources": {"type": "array", "items": _obj({"step": _STR, "field": _STR})},
-                    }),
-                    _obj({"name": {"const": "constraints"}, "rules": {"type": "array", "items": _RULE}}),
-                    _obj({"name": {"const": "code"}, "source": _STR, "entrypoint": _STR}),
-                ]
-            },
-        },
-    }
-)
+_RULE = RULE_SCHEMA
 _PLAN_STEP = _obj({"id": _STR, "tool": _STR, "args": _OBJ, "private": _STRS, "request": _INT})
 _CHECK = _obj({"name": _STR, "passed": _BOOL, "score": _NUM, "detail": _STR})
 
