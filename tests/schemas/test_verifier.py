@@ -8,13 +8,16 @@ Specified here:
 * a malformed spec is refused by both the reader and the table, naming the entry and the field; an unknown
   component is refused with its name;
 * ``COMPONENTS`` declares each component once, with its kind; ``Verdict.outcome_passed`` reads the kinds, so
-  declaring a new outcome component (or changing a kind) changes it.
+  declaring a new outcome component (or changing a kind) changes it;
+* no module outside ``schemas/verifier.py`` holds a list of component names.
 """
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +40,9 @@ from schemas.verifier import (
     record_schema,
 )
 from tests.helpers import SCRIPTED
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("flows", "training", "generators", "verifiers", "envs", "storage", "sandbox", "schemas")
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +173,29 @@ def test_outcome_passed_reads_the_declared_kinds(monkeypatch):
                         dataclasses.replace(COMPONENTS["required_calls"], kind=OUTCOME))
     assert not verdict.outcome_passed
     assert not _verdict(("format", True), ("grounding", True)).outcome_passed  # no outcome component at all
+
+
+# --- no second list ----------------------------------------------------------------------------------------------------
+
+
+def _name_lists(path: Path, names: set[str], root: Path = ROOT) -> list[str]:
+    """Literal lists, tuples, sets and dict keys in ``path`` holding two or more component names."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        items = node.elts if isinstance(node, (ast.List, ast.Tuple, ast.Set)) else (
+            node.keys if isinstance(node, ast.Dict) else [])
+        held = [e.value for e in items if isinstance(e, ast.Constant) and e.value in names]
+        if len(held) >= 2:
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {held}")
+    return found
+
+
+def test_no_module_but_the_registry_lists_component_names(tmp_path):
+    names = set(COMPONENTS)
+    files = [p for top in PACKAGES for p in sorted((ROOT / top).rglob("*.py"))
+             if p != ROOT / "schemas" / "verifier.py"]
+    assert len(files) > 50
+    assert [hit for f in files for hit in _name_lists(f, names)] == []
+    planted = tmp_path / "planted.py"
+    planted.write_text('OUTCOME = ("state_diff", "answer")\n')
+    assert len(_name_lists(planted.resolve(), names, root=tmp_path.resolve())) == 1
