@@ -272,7 +272,7 @@ class VerifierSpec:
             name = entry.get("name") if isinstance(entry, dict) else None
             if not isinstance(entry, dict) or not isinstance(name, str):
                 raise ValueError(f"{where}: an object with a name")
-            spec_cls = component(name).spec if name in COMPONENTS else None
+            spec_cls = COMPONENTS[name].spec if name in COMPONENTS else None
             if spec_cls is None:
                 raise ValueError(f"{where}: unknown verifier component {name!r}; a spec may ask for "
                                  f"{', '.join(c.name for c in COMPONENTS.values() if c.spec is not None)}")
@@ -338,7 +338,7 @@ def record_schema(cls: type) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
-def _check_value(tp: Any, value: Any, where: str, spec: dict[str, Any] | None) -> Any:
+def _read_value(tp: Any, value: Any, where: str, spec: dict[str, Any] | None) -> Any:
     expected = {str: str, int: int}.get(tp)
     if expected is not None:
         if not isinstance(value, expected) or isinstance(value, bool):
@@ -385,7 +385,7 @@ def _load(cls: type, data: Any, where: str, tag_key: str | None) -> Any:
     if missing:
         raise ValueError(f"{where}: missing field(s) {missing}")
     hints = _hints(cls)
-    return cls(**{n: _check_value(hints[n], data[n], f"{where}: field {n}", f.metadata.get("schema"))
+    return cls(**{n: _read_value(hints[n], data[n], f"{where}: field {n}", f.metadata.get("schema"))
                   for n, f in fields.items()})
 
 

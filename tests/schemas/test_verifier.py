@@ -89,7 +89,8 @@ def test_the_json_schema_is_the_classes_fields():
         assert set(props) == {"name"} | {f.name for f in dataclasses.fields(c.spec)}
         assert props["name"] == {"const": c.name}
     for kind, cls in RULES.items():
-        assert set(record_schema(cls)["properties"]) == {"kind"} | {f.name for f in dataclasses.fields(cls)}
+        props = record_schema(cls)["properties"]
+        assert set(props) == {"kind"} | {f.name for f in dataclasses.fields(cls)} and props["kind"] == {"const": kind}
 
 
 def _checks(row: dict) -> list[dict]:
