@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from envs import Environment, observation
 from generators.tasks import answer_label, answer_value, noun
 from schemas import Message, Task, Trajectory
+from schemas.verifier import AnswerCheck
 
 STOP = "###STOP###"
 MAX_TURNS = 40
@@ -228,7 +229,7 @@ class OracleAssistant:
         self.fault = fault
         self.name = "oracle" if fault is None else f"oracle+{fault.kind}"
         self.model = None
-        self.answer_sources = next(c["sources"] for c in task.verifier["checks"] if c["name"] == "answer")
+        self.answer = task.verifier_spec.find(AnswerCheck) or AnswerCheck([], [])
         skipped: set[str] = set()
         if fault and fault.kind == "missing_step":
             skipped.add(fault.step)
@@ -247,7 +248,7 @@ class OracleAssistant:
         if self.fault and self.fault.kind == "hallucinated_answer":  # the right answer, with no call behind it
             if n_requests < len(self.task.requests):
                 return {"role": "assistant", "content": "Done. Let me know what else you need."}
-            expected = next(c["expected"] for c in self.task.verifier["checks"] if c["name"] == "answer")
+            expected = self.answer.expected
             return {"role": "assistant", "content": "All done. Here is what you asked for: "
                     + "; ".join(str(v) for v in expected) + "."}
         results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
@@ -304,13 +305,13 @@ class OracleAssistant:
 
     def _report(self, results: dict[str, str]) -> str:
         parts = []
-        for src in self.answer_sources:
-            content = results.get(f"call_{src['step']}")
+        for src in self.answer.sources:
+            content = results.get(f"call_{src.step}")
             if content is None:
                 continue
             data = json.loads(content)
             if "error" in data if isinstance(data, dict) else False:
                 continue
-            value, label = answer_value(src["field"], data), answer_label(src["field"])
+            value, label = answer_value(src.field, data), answer_label(src.field)
             parts.append(f"{label}: {value}")
         return "All done. " + ("Here is what you asked for: " + "; ".join(parts) + "." if parts else "")

@@ -24,6 +24,25 @@ from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
+from schemas.verifier import (
+    AnswerCheck,
+    AnswerSource,
+    Check,
+    CodeCheck,
+    ConstraintsCheck,
+    ExecutionCheck,
+    ForbiddenTool,
+    FormatCheck,
+    MaxCalls,
+    NoExtraWrites,
+    RequiredCall,
+    RequiredCallsCheck,
+    Rule,
+    SchemaCheck,
+    StateDiffCheck,
+    VerifierSpec,
+    record_json,
+)
 
 MAX_TRIES = 6
 ValueProposer = Callable[[str, str, dict[str, Any], "ToolEnvironment", int], Any]
@@ -407,7 +426,7 @@ def build_task(
         value = answer_value(field, s.result)
         if value is not None and not isinstance(value, (dict, list)):
             answers.append(value)
-            sources.append({"step": s.id, "field": field})
+            sources.append(AnswerSource(step=s.id, field=field))
     expected_diff = work.diff(initial)
     prose = all(not isinstance(s.result, (dict, list)) for s in steps if s.id not in children)
     if not answers and not (prose and expected_diff):
@@ -441,20 +460,20 @@ def build_task(
         lines[requests_of[s.id]].append(f"{index[s.id] + 1}) {text[0].upper()}{text[1:]}.")
     asks = []
     for src in sources:
-        k = index[src["step"]] + 1
-        asks.append(f"how many results step {k} returned" if src["field"] == "#" else
-                    f"the {answer_label(src['field'])} from step {k}")
+        k = index[src.step] + 1
+        asks.append(f"how many results step {k} returned" if src.field == "#" else
+                    f"the {answer_label(src.field)} from step {k}")
     # constraints: a state-changing tool the plan never needs is off limits, and the call budget is bounded
     used = {s.tool for s in steps}
     forbidden = sorted(t for t, sp in specs.items() if sp.mutates and t not in used)
-    constraints: list[dict[str, Any]] = [{"kind": "no_extra_writes"}]
+    rules: list[Rule] = [NoExtraWrites()]
     closing = ["Please make no changes other than the ones I asked for."]
     if forbidden:
         tool = rng.choice(forbidden)
         desc = specs[tool].record.description.rstrip(".")
-        constraints.append({"kind": "forbidden_tool", "tool": tool})
+        rules.append(ForbiddenTool(tool))
         closing.append(f"Do not {desc[0].lower()}{desc[1:]}.")
-    constraints.append({"kind": "max_calls", "value": 2 * len(steps) + 4})
+    rules.append(MaxCalls(2 * len(steps) + 4))
     requests = []
     for i, chunk in enumerate(lines):
         head = "Hi! I need some help. " if i == 0 else "Thanks. Next: "
@@ -462,21 +481,21 @@ def build_task(
         if i == n_requests - 1:
             text += (f" Then tell me {'; '.join(asks)}. " if asks else " ") + " ".join(closing)
         requests.append(text)
-    checks: list[dict[str, Any]] = [
-        {"name": "format"},
-        {"name": "schema"},
-        {"name": "execution"},
-        {"name": "state_diff", "expected": expected_diff},
+    checks: list[Check] = [
+        FormatCheck(),
+        SchemaCheck(),
+        ExecutionCheck(),
+        StateDiffCheck(expected_diff),
         # The calls the user asked for, with their concrete arguments: skipping a requested lookup is not
         # following the request, even when the lookup's result was not needed for the outcome.
-        {"name": "required_calls", "calls": [{"tool": s.tool, "args": s.values} for s in steps]},
-        {"name": "answer", "expected": answers, "sources": sources},
-        {"name": "constraints", "rules": constraints},
+        RequiredCallsCheck([RequiredCall(s.tool, s.values) for s in steps]),
+        AnswerCheck(answers, sources),
+        ConstraintsCheck(rules),
     ]
     if code_check:
         source = code_check_source(expected_diff, answers)
         if source:
-            checks.append({"name": "code", "source": source, "entrypoint": "check"})
+            checks.append(CodeCheck(source, "check"))
     plan = [
         PlanStep(id=s.id, tool=s.tool, args=s.args, private=private[s.id], request=requests_of[s.id]) for s in steps
     ]
@@ -489,7 +508,7 @@ def build_task(
         goal=" ".join(requests),
         requests=requests,
         private_info=private_info,
-        constraints=constraints,
+        constraints=[record_json(r) for r in rules],
         reference_plan=plan,
         expected_diff=expected_diff,
         expected_answer=answers,
@@ -497,7 +516,7 @@ def build_task(
         lineage=Lineage(generator="graph-sampler/execute-first", sampler_seed=sampler_seed),
         initial_state_hash=env.state_hash(),
         final_state_hash=work.state_hash(),
-        verifier={"version": 1, "checks": checks},
+        verifier=VerifierSpec(checks).to_json(),
     )
 
 

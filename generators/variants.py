@@ -59,6 +59,7 @@ from generators.config import WEAKNESSES, SamplingConfig, VariantSeed, Weakness
 from generators.graph import ToolGraph
 from generators.tasks import PlanSampler, build_task, signature
 from schemas import Lineage, Signature, Task
+from schemas.verifier import AnswerCheck
 
 __all__ = ["WEAKNESSES", "VariantSeed", "Weakness", "VariantResult", "BIASES", "bias_measure", "sample_variant",
            "seed_from_task", "match_level", "jaccard", "expand_seeds", "fresh_env_seed", "signature_match_sql"]
@@ -91,8 +92,8 @@ def calls(task: Task, specs: dict[str, ToolSpec]) -> float:
 def answer_depth(task: Task, specs: dict[str, ToolSpec]) -> float:
     """Σ over expected answers of 1 + the dependency level of the call it is read from."""
     level = _levels(task)
-    sources = next((c.get("sources", []) for c in task.verifier["checks"] if c["name"] == "answer"), [])
-    return float(sum(1 + level.get(src["step"], 0) for src in sources))
+    answer = task.verifier_spec.find(AnswerCheck)
+    return float(sum(1 + level.get(src.step, 0) for src in (answer.sources if answer else [])))
 
 
 def writes_and_rules(task: Task, specs: dict[str, ToolSpec]) -> float:

@@ -15,11 +15,14 @@ from schemas.records import (
     Verdict,
 )
 from schemas.tables import TABLES, Table
+from schemas.verifier import COMPONENTS, Component, VerifierSpec
 
 __all__ = [
     "SCHEMA_VERSION",
     "TABLES",
+    "COMPONENTS",
     "CheckResult",
+    "Component",
     "EnvironmentRecord",
     "Lineage",
     "Message",
@@ -31,4 +34,5 @@ __all__ = [
     "ToolEdge",
     "Trajectory",
     "Verdict",
+    "VerifierSpec",
 ]

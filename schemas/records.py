@@ -12,9 +12,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from schemas.verifier import VerifierSpec, is_outcome
+
 SCHEMA_VERSION = 1
-# Verifier components that judge what the user ends up with; the others judge how the assistant got there.
-OUTCOME_COMPONENTS = frozenset({"state_diff", "answer", "constraints", "code"})
 
 # Message roles and tool-call shape follow the OpenAI chat-completions wire format, so a trajectory can be
 # sent to any OpenAI-compatible endpoint or handed to TRL unchanged.
@@ -138,7 +138,7 @@ class Task:
     lineage: Lineage
     initial_state_hash: str
     final_state_hash: str
-    verifier: dict[str, Any]
+    verifier: dict[str, Any]  # the stored JSON of a ``VerifierSpec`` (``verifier_spec`` reads it typed)
     accepted: bool = False
     reject_reason: str | None = None
 
@@ -156,6 +156,11 @@ class Task:
         for key in ("private_info", "constraints", "expected_diff", "expected_answer", "verifier"):
             row[key] = _maybe_json(row[key])
         return cls(**row)
+
+    @property
+    def verifier_spec(self) -> VerifierSpec:
+        """``verifier`` (the stored JSON) as typed records; ``ValueError`` naming the entry if it is malformed."""
+        return VerifierSpec.from_json(self.verifier)
 
 
 @dataclass
@@ -217,9 +222,9 @@ class Verdict:
 
     @property
     def outcome_passed(self) -> bool:
-        """Whether the outcome components pass (what the user gets: state, answer, constraints, code check),
-        whatever the process components say (format, grounding, required calls, ...)."""
-        outcome = [c for c in self.components if c.name in OUTCOME_COMPONENTS]
+        """Whether the outcome components pass (what the user gets; ``schemas.verifier.COMPONENTS`` declares which
+        they are), whatever the process components say (format, grounding, required calls, ...)."""
+        outcome = [c for c in self.components if is_outcome(c.name)]
         return bool(outcome) and all(c.passed for c in outcome) and self.error is None
 
     def to_row(self) -> dict[str, Any]:

@@ -5,9 +5,8 @@ objects) and its Arrow schema (storage) both derive from that list. A row is val
 before it is converted; ``Json`` fields vary in shape between domains and are stored as JSON text, so DuckDB
 reads them with ``json_extract`` / ``->>``.
 
-``VERIFIER_SPEC``, the per-instance verifier spec a task carries, is still a hand-written JSON Schema; the tasks
-table takes it as a ``Json`` field. The JSON Schema fragments above it (``_obj``, ``_STR``, ...; some no longer
-used by the tables) stay as they are until that spec moves to a module of its own.
+``VERIFIER_SPEC``, the per-instance verifier spec a task carries, is derived from its typed records in
+``schemas.verifier``; the tasks table takes it as a ``Json`` field.
 """
 
 from __future__ import annotations
@@ -22,59 +21,7 @@ import pyarrow as pa
 
 from schemas.fields import BOOL, FLOAT64, INT32, INT64, STR, Const, Enum, Field, Json, List, Map, Struct
 from schemas.records import SCHEMA_VERSION
-
-_STR = {"type": "string"}
-_NSTR = {"type": ["string", "null"]}
-_INT = {"type": "integer"}
-_BOOL = {"type": "boolean"}
-_NUM = {"type": "number"}
-_OBJ = {"type": "object"}
-_STRS = {"type": "array", "items": _STR}
-
-
-def _obj(props: dict[str, Any], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": props,
-        "required": [k for k in props if k not in optional],
-        "additionalProperties": False,
-    }
-
-
-_RULE = {
-    "oneOf": [
-        _obj({"kind": {"const": "no_extra_writes"}}),
-        _obj({"kind": {"const": "forbidden_tool"}, "tool": _STR}),
-        _obj({"kind": {"const": "max_calls"}, "value": {"type": "integer", "minimum": 1}}),
-    ]
-}
-# The per-instance verifier spec a task carries: one entry per check component, each with what it needs.
-VERIFIER_SPEC = _obj(
-    {
-        "version": {"const": 1},
-        "checks": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "oneOf": [
-                    _obj({"name": {"enum": ["format", "schema", "execution"]}}),
-                    _obj({"name": {"const": "state_diff"}, "expected": _OBJ}),
-                    _obj({
-                        "name": {"const": "required_calls"},
-                        "calls": {"type": "array", "items": _obj({"tool": _STR, "args": _OBJ})},
-                    }),
-                    _obj({
-                        "name": {"const": "answer"},
-                        "expected": {"type": "array"},
-                        "sources": {"type": "array", "items": _obj({"step": _STR, "field": _STR})},
-                    }),
-                    _obj({"name": {"const": "constraints"}, "rules": {"type": "array", "items": _RULE}}),
-                    _obj({"name": {"const": "code"}, "source": _STR, "entrypoint": _STR}),
-                ]
-            },
-        },
-    }
-)
+from schemas.verifier import RULE_SCHEMA, VERIFIER_SPEC
 
 # --- shapes several tables share ---------------------------------------------------------------------------------
 # Message roles and tool-call shape follow the OpenAI chat-completions wire format (see schemas.records).
@@ -214,7 +161,7 @@ TASKS = Table(
         Field("goal", STR),
         Field("requests", List(STR, min_items=1)),
         Field("private_info", Json({"type": "object"})),
-        Field("constraints", Json({"type": "array", "items": _RULE})),
+        Field("constraints", Json({"type": "array", "items": RULE_SCHEMA})),
         Field("reference_plan", Json(List(PLAN_STEP, min_items=1))),
         Field("expected_diff", Json({"type": "object"})),
         Field("expected_answer", Json({"type": "array"})),

@@ -26,7 +26,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from schemas import TABLES
+from schemas import COMPONENTS, TABLES
 from storage.integrity import (
     MARKER_VERSION,
     BatchCheck,
@@ -323,10 +323,14 @@ _DERIVED = {
         "SELECT tr.*, t.domain, t.signature FROM trajectories tr JOIN tasks t USING (task_id, run_id) "
         "WHERE t.accepted AND tr.role = 'reference'"
     ),
+    # each component's kind as ``schemas.verifier.COMPONENTS`` declares it (NULL for a verdict's guard entries)
     "verdict_components": (
+        "SELECT x.*, k.kind FROM ("
         "SELECT v.run_id, v.task_id, v.trajectory_id, v.control, v.expected_pass, v.passed AS verdict_passed, "
         "c.name AS component, c.passed, c.score, c.detail "
-        "FROM verdicts v, UNNEST(v.components) AS u(c)"
+        "FROM verdicts v, UNNEST(v.components) AS u(c)) x "
+        "LEFT JOIN (VALUES " + ", ".join(f"('{c.name}', '{c.kind}')" for c in COMPONENTS.values())
+        + ") AS k(name, kind) ON k.name = x.component"
     ),
 }
 

@@ -44,6 +44,7 @@ from generators.agents import ScriptedUser, arun_episode
 from generators.sources import Environments
 from generators.strict import StrictModel
 from schemas import Message, Task, Trajectory, Verdict
+from schemas.verifier import components
 from storage import Corpus
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import (
@@ -57,8 +58,6 @@ from training.policy import (
     weights_digest,
 )
 from verifiers.checks import verify
-
-OUTCOME = ("required_calls", "state_diff", "answer")
 
 
 class GRPOSettings(StrictModel):
@@ -98,21 +97,20 @@ class GRPOSettings(StrictModel):
 def reward(task: Task, traj: Trajectory, verdict: Verdict, malformed: int = 0) -> tuple[float, dict[str, float]]:
     """Gated composite reward in [0, 1] and its parts.
 
-    Gate: every call parses (``malformed`` = 0) and fits its tool's schema, else 0. Then 0.6 × the mean
-    score of the outcome components the task needs (required calls; the state diff if it changes state; the
-    answer if it asks a question: partial credit), + 0.2 if the
-    outcome and the constraints all pass, + 0.2 × ``min_calls / calls`` if they do (efficiency counts only
-    for a correct conversation, so a short wrong one never beats a long right one)."""
+    Gate: every call parses (``malformed`` = 0) and the ``gate`` components pass (format, schema), else 0. Then
+    0.6 × the mean score of the ``progress`` components the task gives work to (the state diff if it changes
+    state; required calls; the answer if it asks a question: partial credit), + 0.2 if those and the
+    ``completion`` components (constraints) all pass, + 0.2 × ``min_calls / calls`` if they do (efficiency counts
+    only for a correct conversation, so a short wrong one never beats a long right one). The roles are declared
+    in ``schemas.verifier.COMPONENTS``."""
     comp = {c.name: c for c in verdict.components}
-    gate = malformed == 0 and all(comp[n].passed for n in ("format", "schema") if n in comp)
+    gate = malformed == 0 and all(comp[c.name].passed for c in components(reward="gate") if c.name in comp)
     if not gate:
         return 0.0, {"gate": 0.0, "progress": 0.0, "outcome": 0.0, "efficiency": 0.0}
     # only components with something to do: a read-only task's state diff passes for a policy that does nothing
-    needed = {"required_calls": bool(task.reference_plan), "state_diff": bool(task.expected_diff),
-              "answer": bool(task.expected_answer)}
-    parts = [comp[n].score for n in OUTCOME if n in comp and needed[n]]
+    parts = [comp[c.name].score for c in components(reward="progress") if c.name in comp and getattr(task, c.work)]
     progress = sum(parts) / len(parts) if parts else 0.0
-    outcome = all(comp[n].passed for n in (*OUTCOME, "constraints") if n in comp)
+    outcome = all(comp[c.name].passed for c in components(reward=("progress", "completion")) if c.name in comp)
     calls = len(traj.tool_calls)
     min_calls = len(task.reference_plan)
     efficiency = min(1.0, min_calls / calls) if outcome and calls else (1.0 if outcome else 0.0)

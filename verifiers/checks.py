@@ -1,10 +1,12 @@
 """Per-instance verification: a task's own check, component by component.
 
-Every task carries a verifier spec (``task.verifier["checks"]``). ``verify`` walks the conversation in order
+Every task carries a verifier spec (``task.verifier_spec``). ``verify`` walks the conversation in order
 and replays each tool call on a fresh copy of the task's initial environment, so the outcome components
 (state_diff, answer, constraints, code) rest on what the calls actually do; the process components (format,
 schema, execution, grounding, observations, required_calls) say whether the way there is one worth training
-on. Each component's result is kept: acceptance, curation and RL rewards use them separately.
+on. Which component is which is declared once, in ``schemas.verifier.COMPONENTS``; each has one check here,
+registered with ``@check(name)``, and ``verify`` runs them in the registry's order. Each component's result is
+kept: acceptance, curation and RL rewards use them separately.
 
 Whatever a trajectory holds, ``verify`` returns a verdict: messages and calls are read defensively
 (``read_messages``, ``read_call``) and what cannot be read fails the format component; what the assistant was
@@ -20,6 +22,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +31,21 @@ from rapidfuzz import fuzz
 from envs import Environment, observation, parse_call
 from sandbox import SandboxLimits, run_check
 from schemas import CheckResult, Message, Task, Trajectory, Verdict
+from schemas.verifier import (
+    COMPONENTS,
+    AnswerCheck,
+    CodeCheck,
+    ConstraintsCheck,
+    ExecutionCheck,
+    ForbiddenTool,
+    FormatCheck,
+    MaxCalls,
+    NoExtraWrites,
+    RequiredCallsCheck,
+    SchemaCheck,
+    StateDiffCheck,
+    component,
+)
 
 # Strings shorter than this, or that look like identifiers, must match exactly: "O0041" vs "O0042" is a
 # different order, while a long name or title may differ in punctuation or spacing.
@@ -166,94 +184,175 @@ def _verify(task: Task, trajectory: Trajectory, env: Environment, expected_pass:
                         [CheckResult("environment", False, 0.0, "initial state hash differs from the task's")],
                         f"verifier error: environment drift ({task.domain} seed {task.env_seed}: "
                         f"{env.initial_state_hash} != {task.initial_state_hash})")
-    checks = {c["name"]: c for c in task.verifier["checks"]}
+    spec = task.verifier_spec
     messages, message_problems = read_messages(trajectory.messages)
     replay = env.fork()
     initial = replay.rows()
-    components: list[CheckResult] = []
     replayed = _replay(messages, replay)
-    calls = replayed.calls
+    final = replay.rows()
+    diff = spec.find(StateDiffCheck)
+    judged = Judged(
+        messages=messages, message_problems=message_problems, replayed=replayed, env=env, final=final,
+        actual_diff=replay.diff(initial, final), expected_diff=diff.expected if diff is not None else None,
+        answer_text="\n".join(m["content"] for m in messages if m["role"] == "assistant" and not m["tool_calls"]),
+        sandbox_limits=sandbox_limits)
+    components: list[CheckResult] = []
+    for comp in COMPONENTS.values():
+        entry = spec.entry(comp.name)
+        if comp.always or entry is not None:
+            if comp.name not in CHECKS:
+                raise ValueError(f"verifier component {comp.name!r} is declared but no check is registered for it")
+            components.append(CHECKS[comp.name](judged, entry))
+    return _verdict(task, trajectory, expected_pass, start, components, judged.error)
 
+
+# --- the components ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """What every component's check reads: the conversation as read, its replay and what the replay left."""
+
+    messages: list[Message]
+    message_problems: list[str]
+    replayed: _Replay
+    env: Environment
+    final: dict[str, Any]  # the replayed final state (``Environment.rows``)
+    actual_diff: dict[str, Any]
+    expected_diff: dict[str, Any] | None  # the spec's state diff, if it asks for one
+    answer_text: str  # the assistant's text turns, joined
+    sandbox_limits: SandboxLimits
+    error: str | None = None  # the verdict's error, set by a check that could not run
+
+    @property
+    def calls(self) -> list[tuple[str | None, Any, str | None]]:
+        return self.replayed.calls
+
+
+# A check judges one component: ``(judged, the spec's entry for it or None) -> CheckResult``.
+Check = Callable[[Judged, Any], CheckResult]
+# Component name -> its check, one per component declared in ``schemas.verifier.COMPONENTS``.
+CHECKS: dict[str, Check] = {}
+
+
+def check(name: str) -> Callable[[Check], Check]:
+    """Register ``fn`` as the check of the declared component ``name`` (``ValueError`` for an undeclared one)."""
+    component(name)
+
+    def register(fn: Check) -> Check:
+        if name in CHECKS:
+            raise ValueError(f"a check for verifier component {name!r} is already registered ({CHECKS[name].__name__})")
+        CHECKS[name] = fn
+        return fn
+
+    return register
+
+
+@check("format")
+def format_check(judged: Judged, entry: FormatCheck | None) -> CheckResult:
+    calls, messages, message_problems = judged.calls, judged.messages, judged.message_problems
     bad_format = [p for _, _, p in calls if p]
-    format_score = _ratio(len(calls) - len(bad_format), len(calls))
+    score = _ratio(len(calls) - len(bad_format), len(calls))
     if message_problems:  # a message that cannot be read: the conversation itself is malformed
-        format_score = min(format_score, _ratio(len(messages) - len(message_problems), len(messages)))
-    components.append(CheckResult("format", not bad_format and not message_problems, format_score,
-                                  "; ".join((message_problems + bad_format)[:3])))
-    well_formed = len(calls) - len(bad_format)
-    schema_problems = replayed.schema_problems
-    components.append(CheckResult("schema", not schema_problems, _ratio(well_formed - len(schema_problems), well_formed),
-                                  "; ".join(schema_problems[:3])))
-    exec_errors = replayed.errors
-    components.append(CheckResult("execution", not exec_errors, _ratio(len(calls) - len(exec_errors), len(calls)),
-                                  "; ".join(exec_errors[:3])))
+        score = min(score, _ratio(len(messages) - len(message_problems), len(messages)))
+    return CheckResult("format", not bad_format and not message_problems, score,
+                       "; ".join((message_problems + bad_format)[:3]))
+
+
+def _well_formed(judged: Judged) -> int:
+    return sum(1 for _, _, p in judged.calls if not p)
+
+
+@check("schema")
+def schema_check(judged: Judged, entry: SchemaCheck | None) -> CheckResult:
+    problems, well_formed = judged.replayed.schema_problems, _well_formed(judged)
+    return CheckResult("schema", not problems, _ratio(well_formed - len(problems), well_formed), "; ".join(problems[:3]))
+
+
+@check("execution")
+def execution_check(judged: Judged, entry: ExecutionCheck | None) -> CheckResult:
+    errors, n = judged.replayed.errors, len(judged.calls)
+    return CheckResult("execution", not errors, _ratio(n - len(errors), n), "; ".join(errors[:3]))
+
+
+@check("grounding")
+def grounding_check(judged: Judged, entry: None) -> CheckResult:
     # Every argument must come from somewhere the assistant could see: the user's words, an earlier tool
     # result, or the parameter's default. An id that was guessed, or copied from a dropped lookup, is not.
-    ungrounded = replayed.ungrounded
-    components.append(CheckResult("grounding", not ungrounded, _ratio(well_formed - len(ungrounded), well_formed),
-                                  "; ".join(ungrounded[:3])))
+    ungrounded, well_formed = judged.replayed.ungrounded, _well_formed(judged)
+    return CheckResult("grounding", not ungrounded, _ratio(well_formed - len(ungrounded), well_formed),
+                       "; ".join(ungrounded[:3]))
+
+
+@check("observations")
+def observations_check(judged: Judged, entry: None) -> CheckResult:
     # The transcript's tool messages must be what the calls really return: they become training data.
-    mismatched = replayed.mismatched_observations
-    n_obs = max(len(calls), 1)
-    components.append(CheckResult("observations", not mismatched, _ratio(n_obs - len(mismatched), n_obs),
-                                  "; ".join(mismatched[:3])))
-
-    final = replay.rows()
-    actual_diff = replay.diff(initial, final)
-    expected_diff = checks["state_diff"]["expected"] if "state_diff" in checks else None
-    if expected_diff is not None:
-        ok = actual_diff == expected_diff
-        detail = "" if ok else _diff_detail(expected_diff, actual_diff)
-        components.append(CheckResult("state_diff", ok, 1.0 if ok else 0.0, detail))
-
-    if "required_calls" in checks:
-        required = checks["required_calls"]["calls"]
-        missing_calls = _unmatched(required, replayed.succeeded, env)
-        components.append(CheckResult(
-            "required_calls", not missing_calls, _ratio(len(required) - len(missing_calls), len(required)),
-            "; ".join(f"{c['tool']}({json.dumps(c['args'], sort_keys=True)}) not done" for c in missing_calls[:3])))
-
-    answer_text = "\n".join(m["content"] for m in messages if m["role"] == "assistant" and not m["tool_calls"])
-    if "answer" in checks:
-        expected = checks["answer"]["expected"]
-        stated = _Stated(answer_text)
-        missing = missing_answers(expected, stated)
-        # A stated value counts only if the conversation produced it: a right number the assistant never
-        # retrieved is a guess, and a list of every number is not an answer.
-        seen = replayed.seen
-        unsupported = [e for e in expected if e not in missing and not seen.knows(e)]
-        invented = [n for n in stated.numbers if not seen.knows(n)]
-        problems = ([f"not stated: {missing}"] if missing else []) + (
-            [f"not retrieved: {unsupported}"] if unsupported else []) + (
-            [f"numbers not from the conversation: {invented[:5]}"] if invented else [])
-        bad = len(missing) + len(unsupported)
-        components.append(CheckResult("answer", not problems, _ratio(len(expected) - bad, len(expected)) * (not invented),
-                                      "; ".join(problems)))
-
-    if "constraints" in checks:
-        rules = checks["constraints"]["rules"]
-        broken = []
-        for rule in rules:
-            if rule["kind"] == "forbidden_tool" and any(n == rule["tool"] for n, _, _ in calls):
-                broken.append(f"called forbidden tool {rule['tool']}")
-            elif rule["kind"] == "max_calls" and len(calls) > rule["value"]:
-                broken.append(f"{len(calls)} calls > {rule['value']}")
-            elif rule["kind"] == "no_extra_writes" and expected_diff is not None:
-                extra = _extra_writes(expected_diff, actual_diff)
-                if extra:
-                    broken.append(f"unrequested changes in {extra}")
-        components.append(CheckResult("constraints", not broken, _ratio(len(rules) - len(broken), len(rules)),
-                                      "; ".join(broken)))
-
-    error = None
-    if "code" in checks:
-        code, error = _code_component(checks["code"], {"state": final, "answer": answer_text}, sandbox_limits)
-        components.append(code)
-
-    return _verdict(task, trajectory, expected_pass, start, components, error)
+    mismatched = judged.replayed.mismatched_observations
+    n_obs = max(len(judged.calls), 1)
+    return CheckResult("observations", not mismatched, _ratio(n_obs - len(mismatched), n_obs), "; ".join(mismatched[:3]))
 
 
-def _code_component(check: dict[str, Any], payload: dict[str, Any],
+@check("state_diff")
+def state_diff_check(judged: Judged, entry: StateDiffCheck) -> CheckResult:
+    ok = judged.actual_diff == entry.expected
+    return CheckResult("state_diff", ok, 1.0 if ok else 0.0, "" if ok else _diff_detail(entry.expected, judged.actual_diff))
+
+
+@check("required_calls")
+def required_calls_check(judged: Judged, entry: RequiredCallsCheck) -> CheckResult:
+    required = [{"tool": c.tool, "args": c.args} for c in entry.calls]
+    missing = _unmatched(required, judged.replayed.succeeded, judged.env)
+    return CheckResult(
+        "required_calls", not missing, _ratio(len(required) - len(missing), len(required)),
+        "; ".join(f"{c['tool']}({json.dumps(c['args'], sort_keys=True)}) not done" for c in missing[:3]))
+
+
+@check("answer")
+def answer_check(judged: Judged, entry: AnswerCheck) -> CheckResult:
+    expected = entry.expected
+    stated = _Stated(judged.answer_text)
+    missing = missing_answers(expected, stated)
+    # A stated value counts only if the conversation produced it: a right number the assistant never
+    # retrieved is a guess, and a list of every number is not an answer.
+    seen = judged.replayed.seen
+    unsupported = [e for e in expected if e not in missing and not seen.knows(e)]
+    invented = [n for n in stated.numbers if not seen.knows(n)]
+    problems = ([f"not stated: {missing}"] if missing else []) + (
+        [f"not retrieved: {unsupported}"] if unsupported else []) + (
+        [f"numbers not from the conversation: {invented[:5]}"] if invented else [])
+    bad = len(missing) + len(unsupported)
+    return CheckResult("answer", not problems, _ratio(len(expected) - bad, len(expected)) * (not invented),
+                       "; ".join(problems))
+
+
+# Constraint rule type -> what breaking it looks like (None: kept), one per rule in ``schemas.verifier.RULES``.
+RULE_CHECKS: dict[type, Callable[[Any, Judged], str | None]] = {
+    ForbiddenTool: lambda rule, judged: (f"called forbidden tool {rule.tool}"
+                                         if any(n == rule.tool for n, _, _ in judged.calls) else None),
+    MaxCalls: lambda rule, judged: (f"{len(judged.calls)} calls > {rule.value}"
+                                    if len(judged.calls) > rule.value else None),
+    NoExtraWrites: lambda rule, judged: (
+        f"unrequested changes in {extra}"
+        if judged.expected_diff is not None and (extra := _extra_writes(judged.expected_diff, judged.actual_diff))
+        else None),
+}
+
+
+@check("constraints")
+def constraints_check(judged: Judged, entry: ConstraintsCheck) -> CheckResult:
+    broken = [b for rule in entry.rules if (b := RULE_CHECKS[type(rule)](rule, judged))]
+    return CheckResult("constraints", not broken, _ratio(len(entry.rules) - len(broken), len(entry.rules)),
+                       "; ".join(broken))
+
+
+@check("code")
+def code_check(judged: Judged, entry: CodeCheck) -> CheckResult:
+    result, judged.error = _code_component(entry, {"state": judged.final, "answer": judged.answer_text},
+                                           judged.sandbox_limits)
+    return result
+
+
+def _code_component(check: CodeCheck, payload: dict[str, Any],
                     limits: SandboxLimits) -> tuple[CheckResult, str | None]:
     """The ``code`` component and the verifier error, if any: the check run in the sandbox on ``payload``."""
     try:
@@ -261,7 +360,7 @@ def _code_component(check: dict[str, Any], payload: dict[str, Any],
     except ValueError:  # the calls wrote NaN or infinity into the state: no check can be sent what it holds
         return CheckResult("code", False, 0.0, "not run: the final state holds NaN or infinity, which JSON cannot "
                                                "carry to the check"), None
-    result = run_check(check["source"], payload, entrypoint=check.get("entrypoint", "check"), limits=limits)
+    result = run_check(check.source, payload, entrypoint=check.entrypoint, limits=limits)
     if result.ok:
         passed, detail = code_verdict(result.value)
         return CheckResult("code", passed, 1.0 if passed else 0.0, detail), None

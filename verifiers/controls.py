@@ -12,6 +12,7 @@ from typing import Any
 
 from envs import Environment
 from schemas import Task, Verdict
+from schemas.verifier import CodeCheck
 from verifiers.checks import refusal
 
 CONTROL_KINDS = ("no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step", "extra_write")
@@ -101,12 +102,13 @@ def accept(reference: Verdict, controls: list[Verdict]) -> tuple[bool, str | Non
     install, and the run goes on with the other tasks."""
     refused = refusal(reference)
     if refused is not None:
-        others = [c.name for c in reference.components if not c.passed and c.name != "code"]
+        others = [c.name for c in reference.components if not c.passed and c.name != CodeCheck.name]
         also = f"; the reference also failed: {', '.join(others)}" if others else ""
         return False, f"code check not run ({refused}){also}"
     if not reference.passed:
         failed = [c.name for c in reference.components if not c.passed]
         return False, f"reference trajectory failed its verifier: {', '.join(failed)}"
+    # ``outcome_passed`` reads the outcome components that ``schemas.verifier.COMPONENTS`` declares
     accepted_controls = [v.control for v in controls if v.passed or v.outcome_passed]
     if accepted_controls:
         return False, f"outcome checks accepted negative control(s): {', '.join(accepted_controls)}"

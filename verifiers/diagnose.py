@@ -68,6 +68,7 @@ import jsonschema
 from envs import DOMAINS, ToolSpec
 from envs.base import argument_validator
 from schemas import Task, Trajectory, Verdict
+from schemas.verifier import COMPONENTS, AnswerCheck, RequiredCallsCheck
 from verifiers.checks import (
     NUMBER,
     SeenValues,
@@ -172,10 +173,14 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
 
     component = {c.name: c for c in verdict.components}
     specs: dict[str, ToolSpec] = DOMAINS[task.domain].tools() if task.domain in DOMAINS else {}
-    checks = {c["name"]: c for c in task.verifier.get("checks", [])}
-    required: list[dict[str, Any]] = checks.get("required_calls", {}).get("calls") or [
-        {"tool": s.tool, "args": s.args} for s in task.reference_plan]
+    spec = task.verifier_spec
+    asked = spec.find(RequiredCallsCheck)
+    required: list[dict[str, Any]] = [{"tool": c.tool, "args": c.args} for c in asked.calls] if asked else []
+    required = required or [{"tool": s.tool, "args": s.args} for s in task.reference_plan]
     plan_ids = [s.id for s in task.reference_plan]
+    # components whose failure can mean unrequested state changes, in the order their details are read
+    state_judges = [c.name for c in sorted((c for c in COMPONENTS.values() if c.side_effect_rank is not None),
+                                           key=lambda c: c.side_effect_rank)]
     step_of = {i: plan_ids[i] for i in range(len(required)) if i < len(plan_ids)}
     private_param = {(i, p) for i, s in enumerate(task.reference_plan) for p in s.private}
     plan_tools = {r["tool"] for r in required}
@@ -253,7 +258,7 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
                 expected=[required[i]["tool"] for i in never], detail=c.error)
             continue
         writes = c.name in specs and specs[c.name].mutates
-        state_wrong = any(not component[n].passed for n in ("state_diff", "constraints") if n in component)
+        state_wrong = any(not component[n].passed for n in state_judges if n in component)
         if c.status == "ok" and writes and state_wrong:
             add("side_effect", call=c.index, message=c.message, tool=c.name, got=c.args)
         add("extra_calls", call=c.index, message=c.message, tool=c.name, got=c.args, detail=c.error)
@@ -262,7 +267,7 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
     # The verifier's word for an unrequested change counts only if a write other than a required one succeeded:
     # a skipped insert renumbers the generated keys of the ones made, which reads as "unrequested changes" too.
     stray = [c for c in calls if c.role != "match" and c.status == "ok" and (c.name not in specs or specs[c.name].mutates)]
-    for name in ("constraints", "state_diff"):
+    for name in state_judges:
         detail = component[name].detail if name in component and not component[name].passed else ""
         if ("unrequested changes" in detail or "unexpected changes" in detail) and stray and "side_effect" not in ev:
             add("side_effect", call=stray[0].index, message=stray[0].message, tool=stray[0].name, detail=detail)
@@ -277,8 +282,9 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
             add("constraint_violation", call=calls[rule["value"]].index, message=calls[rule["value"]].message,
                 detail=f"{len(calls)} calls > {rule['value']}")
     # answers: premature (stated before seen) or wrong (source call made, value not stated)
-    answer = checks.get("answer", {})
-    expected, sources = answer.get("expected", []), answer.get("sources", [])
+    answer = spec.find(AnswerCheck)
+    expected = answer.expected if answer else []
+    sources = [{"step": a.step, "field": a.field} for a in answer.sources] if answer else []
     answer_failed = "answer" in component and not component["answer"].passed
     texts = [(k, m.get("content") or "") for k, m in enumerate(messages)
              if m.get("role") == "assistant" and not m.get("tool_calls")]

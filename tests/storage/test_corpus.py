@@ -6,7 +6,7 @@ Specified here:
   views ignore and ``remove_temporaries`` deletes, and the previous shard stays intact;
 * rewriting a batch replaces its rows (a resumed run never duplicates);
 * ``connect()`` gives a DuckDB view per written table plus ``accepted_tasks``, ``accepted_trajectories`` and
-  ``verdict_components``; ``read()`` decodes JSON fields;
+  ``verdict_components`` (with each component's declared kind); ``read()`` decodes JSON fields;
 * ``export_trl`` writes a file that ``datasets`` loads, with OpenAI ``tools`` covering every call made.
 """
 
@@ -23,7 +23,7 @@ import pytest
 
 from generators.config import SynthesizeConfig
 from generators.sources import open_sources
-from schemas import TABLES
+from schemas import COMPONENTS, TABLES
 from stages.synthesize import catalog_rows, run_batch
 from storage import Corpus, export_trl
 from tests.helpers import SCRIPTED
@@ -204,6 +204,9 @@ def test_views_exist_for_every_written_table_and_the_derived_ones(corpus: Corpus
         "SELECT count(*) FROM verdict_components WHERE control = 'no_op' AND component = 'answer' AND NOT passed"
     ).fetchone()[0]
     assert failed == sum(1 for v in tables["verdicts"] if v["control"] == "no_op")
+    kinds = dict(con.execute("SELECT DISTINCT component, kind FROM verdict_components").fetchall())
+    assert kinds == {c.name: c.kind for c in COMPONENTS.values() if c.name in kinds}
+    assert kinds["answer"] == "outcome" and kinds["required_calls"] == "process"
     # JSON text fields are queryable with DuckDB's JSON operators
     versions = {r[0] for r in con.execute("SELECT DISTINCT verifier->>'$.version' FROM tasks").fetchall()}
     assert versions == {"1"}
