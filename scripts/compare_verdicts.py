@@ -14,9 +14,9 @@ Two batches: 40 tasks of the built-in domains, and 12 tasks that each carry a sa
 import json
 import sys
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from schemas import CheckResult, Task, Trajectory, Verdict
+from stages.synthesize import run_batch
 from training.grpo import reward
 from verifiers.diagnose import diagnose
 

@@ -64,8 +64,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: this script checks the GPU path (vLLM, bf16); nothing to do on CPU", file=sys.stderr)
         return 2
-    from stages.synthesize import run_batch
     from generators.config import SynthesizeConfig
+    from stages.synthesize import run_batch
     from storage import Corpus
     from training.grpo import GRPOSettings, run_grpo
 

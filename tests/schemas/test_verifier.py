@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 
-from flows.pipeline import run_batch
 from generators.config import SynthesizeConfig
 from schemas import TABLES, CheckResult, Task, Verdict
 from schemas.verifier import (
@@ -39,6 +38,7 @@ from schemas.verifier import (
     is_outcome,
     record_schema,
 )
+from stages.synthesize import run_batch
 from tests.helpers import SCRIPTED
 
 ROOT = Path(__file__).resolve().parents[2]
