@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from schemas import TABLES
@@ -41,9 +42,10 @@ from storage.corpus import Corpus, atomic_write_bytes
 from storage.integrity import MARKER_VERSION, BatchCheck, ShardRecord, file_sha256, log
 from storage.locks import RunLock, lock_path
 
-# Shard bytes of one table that go into one part: bounds compaction's memory (a part's table is read, sorted
-# and written in memory, ~5x its Parquet size) whatever the run's size; ~1M trajectories make a few parts.
-PART_BYTES = 256 << 20
+# Uncompressed bytes (as the shards' footers count them) of one table that go into one part: a part's table is
+# held in memory once while it is sorted and written, so this bounds compaction's memory whatever the run's
+# size (zstd shards of conversations are many times smaller than their rows: their file size would not).
+PART_BYTES = 512 << 20
 # Arrow bytes per row group: large enough that a scan is a few big reads, small enough that a row group's
 # task_id range is narrow (sorted rows) and a selective filter skips most of them.
 ROW_GROUP_BYTES = 64 << 20
@@ -193,19 +195,34 @@ def _compact_locked(corpus: Corpus, run_id: str, manifest: dict[str, Any], part_
 
 
 def _groups(root: Path, singles: list[BatchCheck], part_bytes: int) -> list[list[BatchCheck]]:
-    """Consecutive batches, cut where one table's shards would pass ``part_bytes``."""
+    """Consecutive batches, cut where one table's shards would pass ``part_bytes`` uncompressed."""
     groups: list[list[BatchCheck]] = []
     sizes: dict[str, int] = {}
     for check in singles:
-        records = check.shard_records(root)
-        if groups and all(sizes.get(t, 0) + r.bytes <= part_bytes for t, r in records.items()):
+        records = {t: _footer_size(root, r) for t, r in check.shard_records(root).items()}
+        if groups and all(sizes.get(t, 0) + n <= part_bytes for t, n in records.items()):
             groups[-1].append(check)
         else:
             groups.append([check])
             sizes = {}
-        for t, r in records.items():
-            sizes[t] = sizes.get(t, 0) + r.bytes
+        for t, n in records.items():
+            sizes[t] = sizes.get(t, 0) + n
     return groups
+
+
+def _footer_size(root: Path, record: ShardRecord) -> int:
+    try:
+        return uncompressed_bytes(root / record.path)
+    except (OSError, pa.ArrowException) as exc:
+        raise NotCompactable(f"{record.path}: its content changed since it was checked (not a readable Parquet "
+                             f"file: {str(exc).splitlines()[0]}); not compacted: run `synthloop doctor` and "
+                             f"`synthloop repair`") from None
+
+
+def uncompressed_bytes(path: Path) -> int:
+    """A Parquet file's data size uncompressed, from its footer."""
+    meta = pq.read_metadata(path)
+    return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
 
 
 def _write_part(corpus: Corpus, run_id: str, stage: str, group: list[BatchCheck], row_group_bytes: int) -> Part:
@@ -216,9 +233,6 @@ def _write_part(corpus: Corpus, run_id: str, stage: str, group: list[BatchCheck]
     shards: dict[str, ShardRecord] = {}
     for table in tables:
         arrow = _read_verified(root, [c.shard_records(root)[table] for c in group if table in c.shard_records(root)])
-        keys = [k for k in SORT_KEYS if k in arrow.schema.names]
-        if keys:
-            arrow = arrow.sort_by([(k, "ascending") for k in keys])  # stable: ties keep batch order
         shards[table] = _write_table(root, table, corpus.part_path(table, run_id, stage, first), arrow,
                                      row_group_bytes)
         del arrow
@@ -251,13 +265,20 @@ def _read_verified(root: Path, records: list[ShardRecord]) -> pa.Table:
 
 
 def _write_table(root: Path, table: str, path: Path, arrow: pa.Table, row_group_bytes: int) -> ShardRecord:
-    """Write one part file atomically (hidden temporary, fsync, rename) and return its record."""
+    """Write one part file sorted by ``SORT_KEYS`` atomically (hidden temporary, fsync, rename) and return its
+    record. Rows are gathered one row group at a time, so the sort costs an index, not a second copy."""
     per_row = max(1, arrow.nbytes // max(1, arrow.num_rows))
     row_group = min(1 << 17, max(4096, row_group_bytes // per_row))
+    keys = [(k, "ascending") for k in SORT_KEYS if k in arrow.schema.names]
+    order = pc.sort_indices(arrow, sort_keys=keys) if keys else None  # stable: ties keep batch order
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        pq.write_table(arrow, tmp, compression="zstd", row_group_size=row_group, write_statistics=True)
+        with pq.ParquetWriter(tmp, arrow.schema, compression="zstd", write_statistics=True) as writer:
+            for start in range(0, arrow.num_rows, row_group):
+                chunk = (arrow.take(order.slice(start, row_group)) if order is not None
+                         else arrow.slice(start, row_group))
+                writer.write_table(chunk, row_group_size=row_group)
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         digest = file_sha256(tmp)
