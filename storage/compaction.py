@@ -42,9 +42,9 @@ from storage.corpus import Corpus, atomic_write_bytes
 from storage.integrity import MARKER_VERSION, BatchCheck, ShardRecord, file_sha256, log
 from storage.locks import RunLock, lock_path
 
-# Uncompressed bytes (as the shards' footers count them) of one table that go into one part: a part's table is
-# held in memory once while it is sorted and written, so this bounds compaction's memory whatever the run's
-# size (zstd shards of conversations are many times smaller than their rows: their file size would not).
+# Arrow bytes (rows in memory, every table) of one part: a part is held in memory while it is sorted and
+# written, so this bounds compaction's memory whatever the run's size. Sizes on disk would not: zstd and
+# dictionary encoding make a shard of conversations ~20x smaller than its rows.
 PART_BYTES = 512 << 20
 # Arrow bytes per row group: large enough that a scan is a few big reads, small enough that a row group's
 # task_id range is narrow (sorted rows) and a selective filter skips most of them.
@@ -186,53 +186,47 @@ def _compact_locked(corpus: Corpus, run_id: str, manifest: dict[str, Any], part_
     for stage, singles in sorted(by_stage.items()):
         if len(singles) < 2 and not any(c.covers and c.stage == stage for c in checks):
             continue  # one batch is one file per table already
-        for group in _groups(root, sorted(singles, key=lambda c: c.batch), part_bytes):
-            part = _write_part(corpus, run_id, stage, group, row_group_bytes)
-            result.parts.append(part)
-            records = {c.batch: c.shard_records(root) for c in group}
-            result.shards_removed += _retire(corpus, group[0], [c.batch for c in group], records)
+        _compact_stage(corpus, run_id, stage, sorted(singles, key=lambda c: c.batch), part_bytes, row_group_bytes,
+                       result)
     return result
 
 
-def _groups(root: Path, singles: list[BatchCheck], part_bytes: int) -> list[list[BatchCheck]]:
-    """Consecutive batches, cut where one table's shards would pass ``part_bytes`` uncompressed."""
-    groups: list[list[BatchCheck]] = []
-    sizes: dict[str, int] = {}
+def _compact_stage(corpus: Corpus, run_id: str, stage: str, singles: list[BatchCheck], part_bytes: int,
+                   row_group_bytes: int, result: Compaction) -> None:
+    """Consecutive batches read (and hashed) one at a time into a part until the next would take its rows past
+    ``part_bytes`` in memory; each part is written, committed and its batches retired before the next is read."""
+    root = corpus.root
+    group: list[BatchCheck] = []
+    rows: dict[str, list[pa.Table]] = {}
+    size = 0
+
+    def flush() -> None:
+        result.parts.append(_write_part(corpus, run_id, stage, group, rows, row_group_bytes))
+        records = {c.batch: c.shard_records(root) for c in group}
+        result.shards_removed += _retire(corpus, group[0], [c.batch for c in group], records)
+
     for check in singles:
-        records = {t: _footer_size(root, r) for t, r in check.shard_records(root).items()}
-        if groups and all(sizes.get(t, 0) + n <= part_bytes for t, n in records.items()):
-            groups[-1].append(check)
-        else:
-            groups.append([check])
-            sizes = {}
-        for t, n in records.items():
-            sizes[t] = sizes.get(t, 0) + n
-    return groups
+        tables = {t: _read_verified(root, r) for t, r in check.shard_records(root).items()}
+        n = sum(t.nbytes for t in tables.values())
+        if group and size + n > part_bytes:
+            flush()
+            group, rows, size = [], {}, 0
+        group.append(check)
+        size += n
+        for t, arrow in tables.items():
+            rows.setdefault(t, []).append(arrow)
+    if group:
+        flush()
 
 
-def _footer_size(root: Path, record: ShardRecord) -> int:
-    try:
-        return uncompressed_bytes(root / record.path)
-    except (OSError, pa.ArrowException) as exc:
-        raise NotCompactable(f"{record.path}: its content changed since it was checked (not a readable Parquet "
-                             f"file: {str(exc).splitlines()[0]}); not compacted: run `synthloop doctor` and "
-                             f"`synthloop repair`") from None
-
-
-def uncompressed_bytes(path: Path) -> int:
-    """A Parquet file's data size uncompressed, from its footer."""
-    meta = pq.read_metadata(path)
-    return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
-
-
-def _write_part(corpus: Corpus, run_id: str, stage: str, group: list[BatchCheck], row_group_bytes: int) -> Part:
+def _write_part(corpus: Corpus, run_id: str, stage: str, group: list[BatchCheck], rows: dict[str, list[pa.Table]],
+                row_group_bytes: int) -> Part:
     """Steps 2 and 3: the part's files, then its marker."""
     root, first = corpus.root, group[0].batch
-    tables = [t for t in TABLES if any(t in c.shard_records(root) for c in group)]
-    tables += sorted({t for c in group for t in c.shard_records(root)} - set(tables))
     shards: dict[str, ShardRecord] = {}
-    for table in tables:
-        arrow = _read_verified(root, [c.shard_records(root)[table] for c in group if table in c.shard_records(root)])
+    for table in [t for t in TABLES if t in rows] + sorted(set(rows) - set(TABLES)):
+        # shards written before a column was added lack it: the part holds it as null, as the views show it
+        arrow = pa.concat_tables(rows.pop(table), promote_options="default")
         shards[table] = _write_table(root, table, corpus.part_path(table, run_id, stage, first), arrow,
                                      row_group_bytes)
         del arrow
@@ -249,19 +243,15 @@ def _commit(path: Path, marker: dict[str, Any]) -> None:
     atomic_write_bytes(path, json.dumps(marker, sort_keys=True).encode())
 
 
-def _read_verified(root: Path, records: list[ShardRecord]) -> pa.Table:
-    """The shards' rows, each file hashed as it is read: one changed since the full check is refused."""
-    parts = []
-    for record in records:
-        data = (root / record.path).read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != record.sha256:
-            raise NotCompactable(f"{record.path}: its content changed since it was checked (sha256 {digest[:12]}…, "
-                                 f"recorded {record.sha256[:12]}…); not compacted: run `synthloop doctor` and "
-                                 f"`synthloop repair`")
-        parts.append(pq.read_table(pa.BufferReader(data)))
-    # shards written before a column was added lack it: the part holds it as null, as the views show it
-    return pa.concat_tables(parts, promote_options="default")
+def _read_verified(root: Path, record: ShardRecord) -> pa.Table:
+    """A shard's rows, the file hashed as it is read: one changed since the full check is refused."""
+    data = (root / record.path).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != record.sha256:
+        raise NotCompactable(f"{record.path}: its content changed since it was checked (sha256 {digest[:12]}…, "
+                             f"recorded {record.sha256[:12]}…); not compacted: run `synthloop doctor` and "
+                             f"`synthloop repair`")
+    return pq.read_table(pa.BufferReader(data))
 
 
 def _write_table(root: Path, table: str, path: Path, arrow: pa.Table, row_group_bytes: int) -> ShardRecord:

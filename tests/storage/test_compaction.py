@@ -32,7 +32,7 @@ from flows.pipeline import catalog_rows, run_batch
 from generators.config import SynthesizeConfig
 from generators.sources import open_sources
 from storage import Corpus, export_trl
-from storage.compaction import NotCompactable, compact, compact_run, pending_runs, uncompressed_bytes
+from storage.compaction import NotCompactable, compact, compact_run, pending_runs
 from storage.integrity import diagnose
 from tests.helpers import SCRIPTED
 
@@ -166,9 +166,9 @@ def test_parts_are_cut_by_size_and_keep_the_rows(corpus: Corpus, before, tmp_pat
 
 
 def two_batches(c: Corpus) -> int:
-    """A part size that holds two of these batches (every table of batch 0, uncompressed, twice)."""
+    """A part size that holds about two of these batches (batch 0's rows in memory, twice)."""
     shards = json.loads(c.marker_path(RUN, STAGE, 0).read_text())["shards"].values()
-    return 2 * max(uncompressed_bytes(c.root / r["path"]) for r in shards) + 1
+    return 2 * sum(pq.read_table(c.root / r["path"]).nbytes for r in shards) + 1
 
 
 def _kill_on(monkeypatch, name: str, call: int, after: bool = False) -> None:
