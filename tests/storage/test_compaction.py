@@ -325,3 +325,16 @@ def test_a_damaged_part_makes_its_batches_not_done_and_rewriting_them_restores_t
     redone = again.pop("summaries")
     assert [(m["batch"], m["summary"]) for m in redone] == [(m["batch"], m["summary"]) for m in before["summaries"]]
     assert again == {k: v for k, v in before.items() if k != "summaries"}
+
+
+def test_a_copied_compacted_corpus_is_verified_by_hash_and_its_part_markers_rerecorded(corpus: Corpus, before,
+                                                                                        tmp_path) -> None:
+    compact(corpus)
+    for p in corpus.root.rglob("*.parquet"):
+        os.utime(p, ns=(1, 1))  # a copy that did not keep mtimes
+    assert fingerprint(corpus, tmp_path) == before
+    report = diagnose(corpus)
+    assert not report.damaged and report.runs[0].stale_shards == len(list(corpus.root.rglob("*.parquet")))
+    assert corpus.rerecord(corpus.scan(full=True)) == 2  # the catalog's batch marker and the part's marker
+    assert diagnose(corpus).runs[0].stale_shards == 0
+    assert json.loads(corpus.part_marker_path(RUN, STAGE, 0).read_text())["batches"] == BATCHES
