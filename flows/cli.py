@@ -375,7 +375,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
-    """``compact [RUN ...]``: rewrite complete runs' batch shards as a few large sorted files (``storage.compaction``)."""
+    """``compact [RUN ...]``: complete runs' batch shards rewritten as a few large sorted files
+    (``storage.compaction``)."""
     from storage.compaction import NotCompactable, compact_run, pending_runs
 
     corpus = require_corpus(args.corpus)

@@ -280,7 +280,8 @@ def _write_table(root: Path, table: str, path: Path, arrow: pa.Table, row_group_
     return ShardRecord(table, path.relative_to(root).as_posix(), arrow.num_rows, st.st_size, digest, st.st_mtime_ns)
 
 
-def _retire(corpus: Corpus, part: BatchCheck, batches: Iterable[int], records: dict[int, dict[str, ShardRecord]]) -> int:
+def _retire(corpus: Corpus, part: BatchCheck, batches: Iterable[int],
+            records: dict[int, dict[str, ShardRecord]]) -> int:
     """Step 4: the batches' own markers, then their shards (the recorded ones and the conventional paths, so a
     compaction killed between the two removes the rest next time). Returns the shard files removed."""
     removed = 0

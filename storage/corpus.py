@@ -108,7 +108,8 @@ class Corpus:
     def part_marker_path(self, run_id: str, stage: str, first: int) -> Path:
         return self.root / "_runs" / run_id / stage / f"compact-{first:05d}.done.json"
 
-    def part_markers(self, run_id: str, stage: str | None = None) -> list[tuple[Path, tuple[dict[str, Any] | None, str | None]]]:
+    def part_markers(self, run_id: str,
+                     stage: str | None = None) -> list[tuple[Path, tuple[dict[str, Any] | None, str | None]]]:
         """Every compacted part's marker of a run (one stage, or all), as ``read_marker`` reads it."""
         out = []
         for path in sorted((self.root / "_runs" / run_id).glob(f"{stage or '*'}/compact-*.done.json")):
