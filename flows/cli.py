@@ -300,6 +300,28 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 1 if outcome.after is None or outcome.after.damaged else 0
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    """``compact [RUN ...]``: complete runs' batch shards rewritten as a few large sorted files
+    (``storage.compaction``)."""
+    from storage.compaction import NotCompactable, compact_run, pending_runs
+
+    corpus = require_corpus(args.corpus)
+    runs = args.runs or pending_runs(corpus)
+    if not runs:
+        print(f"nothing to compact in {corpus.root}: every complete run is compacted")
+        return 0
+    failed = 0
+    for run in runs:
+        try:
+            print(compact_run(corpus, run).line(), flush=True)
+        except NotCompactable as exc:
+            print(f"synthloop compact: {exc}", file=sys.stderr)
+            failed += 1
+    if (corpus.root / "catalog.duckdb").exists():
+        corpus.write_catalog()  # its views name files by path: the compacted runs' shards are gone
+    return 1 if failed else 0
+
+
 def cmd_catalog(args: argparse.Namespace) -> int:
     """``catalog inspect FILE``: what a catalog file imports, what it skips and why, and its tool graph's size."""
     from generators.catalog import CatalogError, import_catalog
@@ -542,6 +564,12 @@ def build_parser(command: str | None = None) -> _Parser:
                                       "say what is wrong; exit 1 if damaged")
     p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")
     p.set_defaults(fn=cmd_doctor)
+
+    p = sub.add_parser("compact", help="rewrite complete runs' many batch shards as a few large sorted Parquet files "
+                                       "(faster queries); default: every complete run not compacted yet")
+    p.add_argument("runs", nargs="*", metavar="RUN", help="run ids to compact (default: all pending)")
+    p.add_argument("--corpus", "--root", dest="corpus", default=DEFAULT_CORPUS, help="the corpus folder")
+    p.set_defaults(fn=cmd_compact)
 
     p = sub.add_parser("repair", help="redo the damaged batches of a corpus (each run again with its manifest's config)")
     p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")

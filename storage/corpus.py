@@ -5,6 +5,8 @@ Layout under the corpus root::
     <table>/run=<run_id>/stage=<stage>/batch-00003.parquet   one shard per table per batch
     _runs/<run_id>/manifest.json                             config, fingerprint, status, summary
     _runs/<run_id>/<stage>/batch-00003.done.json             written last: the batch is complete
+    <table>/run=<run_id>/stage=<stage>/compact-00000.parquet a compacted part: batches 0.. of a finished run
+    _runs/<run_id>/<stage>/compact-00000.done.json           lists the part's batches (``storage.compaction``)
     catalog.duckdb                                           views over every table (absolute paths)
 
 Shards are written to a temporary file and renamed, so a reader never sees half a file; a batch counts as
@@ -46,7 +48,7 @@ from storage.selections import CURATION_VIEWS, selection_views
 DEFAULT_ROOT = Path("data/corpus")
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -84,6 +86,9 @@ class Corpus:
 
     def __init__(self, root: str | Path = DEFAULT_ROOT):
         self.root = Path(root).resolve()
+        # compacted parts' markers by path, with the (size, mtime) they were read at: resume asks once per batch,
+        # and a part's marker carries every batch's summary
+        self._parts: dict[Path, tuple[tuple[int, int], tuple[dict[str, Any] | None, str | None]]] = {}
 
     # paths ---------------------------------------------------------------------------------------------
     def shard_path(self, table: str, run_id: str, stage: str, batch: int) -> Path:
@@ -96,6 +101,29 @@ class Corpus:
     def manifest_path(self, run_id: str) -> Path:
         return self.root / "_runs" / run_id / "manifest.json"
 
+    def part_path(self, table: str, run_id: str, stage: str, first: int) -> Path:
+        """The file of a compacted part that starts at batch ``first``."""
+        return self.root / table / f"run={run_id}" / f"stage={stage}" / f"compact-{first:05d}.parquet"
+
+    def part_marker_path(self, run_id: str, stage: str, first: int) -> Path:
+        return self.root / "_runs" / run_id / stage / f"compact-{first:05d}.done.json"
+
+    def part_markers(self, run_id: str,
+                     stage: str | None = None) -> list[tuple[Path, tuple[dict[str, Any] | None, str | None]]]:
+        """Every compacted part's marker of a run (one stage, or all), as ``read_marker`` reads it."""
+        out = []
+        for path in sorted((self.root / "_runs" / run_id).glob(f"{stage or '*'}/compact-*.done.json")):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            key = (st.st_size, st.st_mtime_ns)
+            cached = self._parts.get(path)
+            if cached is None or cached[0] != key:
+                cached = self._parts[path] = (key, read_marker(path))
+            out.append((path, cached[1]))
+        return out
+
     # writing -------------------------------------------------------------------------------------------
     def write_shard(self, table: str, rows: list[dict[str, Any]], run_id: str, stage: str, batch: int) -> Path:
         """Validate rows against the table's schemas and write them as one Parquet shard, atomically."""
@@ -107,7 +135,7 @@ class Corpus:
         sink = pa.BufferOutputStream()
         pq.write_table(arrow, sink, compression="zstd")
         data = sink.getvalue().to_pybytes()
-        _atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data)
         return record_written(self.root, table, path, len(rows), data)
 
     def write_batch(
@@ -117,6 +145,8 @@ class Corpus:
         path, row count, size, mtime and sha256 (what every reader checks)."""
         marker_path = self.marker_path(run_id, stage, batch)
         old, _ = read_marker(marker_path)
+        held = self._remove_part_holding(run_id, stage, batch)
+        old = old or held
         # a batch being rewritten is not done: without this, a kill between two shards would leave the old
         # marker over a mix of old and new shards
         marker_path.unlink(missing_ok=True)
@@ -126,11 +156,37 @@ class Corpus:
                   "shards": {t: r.to_json() for t, r in records.items()}, "summary": summary, "finished_at": now,
                   # when the batch first finished: orders runs (dedup's cluster heads) the same after a redo
                   "first_finished_at": (old or {}).get("first_finished_at", (old or {}).get("finished_at", now))}
-        _atomic_write_bytes(marker_path, json.dumps(marker, sort_keys=True).encode())
+        atomic_write_bytes(marker_path, json.dumps(marker, sort_keys=True).encode())
+
+    def _remove_part_holding(self, run_id: str, stage: str, batch: int) -> dict[str, Any] | None:
+        """Remove the compacted part that holds ``batch`` (marker first, then its files) and return the batch's
+        marker as the part kept it. The part's rows cannot be told apart by batch, so once one of its batches
+        is rewritten the part cannot stand for the others: they are not done until redone (flows rewrite only
+        batches that are not done, i.e. a damaged part's, whose batches are all redone anyway)."""
+        for path, (marker, _) in self.part_markers(run_id, stage):
+            if marker is None or batch not in marker.get("batches", ()):
+                continue
+            path.unlink(missing_ok=True)
+            for record in (marker.get("shards") or {}).values():
+                (self.root / record["path"]).unlink(missing_ok=True)
+            log.warning("batch %d of run %s (stage %s) is rewritten: its compacted part %s is removed, so its other "
+                        "batches are not done until they are redone", batch, run_id, stage, path.name)
+            return next((m for m in marker.get("markers", ()) if m.get("batch") == batch), None)
+        return None
 
     def check_batch(self, run_id: str, stage: str, batch: int, *, full: bool = False) -> BatchCheck:
-        """Check one batch's shards against its done marker (``full``: hash every shard)."""
-        return check_batch(self.root, run_id, stage, batch, self.marker_path(run_id, stage, batch), full=full)
+        """Check one batch against its done marker (``full``: hash every shard); a batch held by a compacted
+        part is checked as that part, unless the part is damaged and the batch's own marker is still intact
+        (a compaction interrupted before it removed it)."""
+        own = self.marker_path(run_id, stage, batch)
+        for path, loaded in self.part_markers(run_id, stage):
+            if loaded[0] is not None and batch in loaded[0].get("batches", ()):
+                part = check_batch(self.root, run_id, stage, int(loaded[0]["batch"]), path, full=full, loaded=loaded)
+                if part.intact or not own.exists():
+                    return part
+                alone = check_batch(self.root, run_id, stage, batch, own, full=full)
+                return alone if alone.intact else part
+        return check_batch(self.root, run_id, stage, batch, own, full=full)
 
     def batch_done(self, run_id: str, stage: str, batch: int) -> bool:
         """Whether the batch's marker exists and every shard it records passes the check; a damaged batch is
@@ -141,8 +197,8 @@ class Corpus:
 
     def batch_summaries(self, run_id: str, stage: str) -> list[dict[str, Any]]:
         """The done markers of a run's stage whose batches are intact, in batch order."""
-        checks = [c for c in self.scan(run_id) if c.stage == stage]
-        return [c.marker for c in checks if c.intact and c.marker is not None]
+        checks = [c for c in self.scan(run_id) if c.stage == stage and c.intact]
+        return sorted((m for c in checks for m in c.batch_markers()), key=lambda m: m["batch"])
 
     def scan(self, run_id: str | None = None, *, full: bool = False, report: bool = True) -> list[BatchCheck]:
         """Check every done marker (of one run, or of the corpus): the cheap check by default, every shard's
@@ -152,6 +208,8 @@ class Corpus:
             for path in sorted((self.root / "_runs" / run).glob("*/batch-*.done.json")):
                 stage, batch = path.parent.name, int(path.name.split("-")[1].split(".")[0])
                 entries.append((run, stage, batch, path, read_marker(path)))
+            for path, loaded in self.part_markers(run):
+                entries.append((run, path.parent.name, int(path.name.split("-")[1].split(".")[0]), path, loaded))
         known = known_digests([loaded[0] for *_, loaded in entries])
         checks = []
         for run, stage, batch, path, loaded in entries:
@@ -160,6 +218,7 @@ class Corpus:
                 # the marker changed under us: a writer is redoing this batch; not done, and not damage
                 check = BatchCheck(run, stage, batch, None)
             checks.append(check)
+        checks = _resolve_parts(checks)
         if report:
             _report([p for c in checks for p in c.problems], self.root)
         return checks
@@ -187,7 +246,7 @@ class Corpus:
             if shards is None:
                 continue
             marker = {**check.marker, "version": MARKER_VERSION, "shards": shards}
-            _atomic_write_bytes(self.marker_path(check.run_id, check.stage, check.batch),
+            atomic_write_bytes(check.marker_file or self.marker_path(check.run_id, check.stage, check.batch),
                                 json.dumps(marker, sort_keys=True).encode())
             rewritten += 1
         return rewritten
@@ -216,7 +275,7 @@ class Corpus:
         for stage, batches in expected.items():
             for b in batches:
                 check = self.check_batch(run_id, stage, b)
-                problems += check.problems
+                problems += [p for p in check.problems if p not in problems]  # a part's, once for all its batches
                 if check.marker is None and not check.problems:
                     problems.append(Problem(self.marker_path(run_id, stage, b), run_id, stage, b, None, "no_marker",
                                             "the batch has no done marker (it was never finished, or it was deleted)"))
@@ -245,7 +304,7 @@ class Corpus:
         current.update(manifest)
         for key in drop:
             current.pop(key, None)
-        _atomic_write_bytes(path, json.dumps(current, indent=2, sort_keys=True, default=str).encode())
+        atomic_write_bytes(path, json.dumps(current, indent=2, sort_keys=True, default=str).encode())
 
     def manifest(self, run_id: str) -> dict[str, Any]:
         path = self.manifest_path(run_id)
@@ -314,6 +373,28 @@ class Corpus:
         finally:
             con.close()
         return path
+
+
+def _resolve_parts(checks: list[BatchCheck]) -> list[BatchCheck]:
+    """One source per batch: an intact compacted part stands for its batches (their own markers, left by an
+    interrupted compaction, hold the same rows and are dropped, so no row is seen twice); a damaged part whose
+    batches all still have intact markers of their own is an interrupted compaction that went wrong, and is
+    dropped for them (``synthloop compact`` writes it again); any other damaged part is reported."""
+    parts = [c for c in checks if c.covers]
+    if not parts:
+        return checks
+    own = {(c.run_id, c.stage, c.batch): c for c in checks if not c.covers}
+    covered: set[tuple[str, str, int]] = set()
+    kept = []
+    for part in parts:
+        keys = [(part.run_id, part.stage, b) for b in part.covers]
+        if part.intact:
+            covered.update(keys)
+        elif all(k in own and own[k].intact for k in keys):
+            continue
+        kept.append(part)
+    rest = [c for c in checks if not c.covers and (c.run_id, c.stage, c.batch) not in covered]
+    return sorted(rest + kept, key=lambda c: (c.run_id, c.stage, c.batch))
 
 
 # Views a user would otherwise rewrite in every query.

@@ -12,6 +12,10 @@ treated as not done: readers leave it out, the next run of the same config redoe
 The cheap check trusts size + mtime: a file rewritten to the same size with its mtime set back by hand
 (``touch -r``) passes it; only ``doctor`` (full sha256) catches that.
 
+A compacted part (``storage.compaction``) has one marker, ``compact-NNNNN.done.json``, that lists the batches
+it holds and records its files like any shard; while it is intact it stands for those batches, and their own
+markers, if an interrupted compaction left any, are ignored.
+
 Markers written before shards were recorded (no ``shards`` key) are *legacy*: accepted as unverified.
 Readers check what can be checked without a hash (the shard exists, its Parquet footer reads, its row count
 is the marker's); ``doctor`` lists them; ``repair`` records their hashes once they pass a full read.
@@ -93,11 +97,13 @@ class Problem:
     table: str | None
     kind: str  # missing | truncated | swapped | corrupt | rows | modified | marker | no_marker
     detail: str
+    covers: tuple[int, ...] = ()  # a compacted part's batches: all of them are not done
 
     def line(self, root: Path) -> str:
         where = self.path.relative_to(root).as_posix() if self.path.is_relative_to(root) else str(self.path)
-        return (f"{where}: {self.detail}; batch {self.batch} (stage {self.stage}) of run {self.run_id} is treated "
-                f"as not done")
+        which = (f"batches {self.covers[0]}–{self.covers[-1]} ({len(self.covers)}, compacted)"
+                 if len(self.covers) > 1 else f"batch {self.batch}")
+        return f"{where}: {self.detail}; {which} (stage {self.stage}) of run {self.run_id} is treated as not done"
 
 
 @dataclass
@@ -111,10 +117,22 @@ class BatchCheck:
     problems: list[Problem] = field(default_factory=list)
     legacy: bool = False  # no shard records: checked without hashes
     stale: list[ShardRecord] = field(default_factory=list)  # content verified, size/mtime differ from the record
+    marker_file: Path | None = None
+    covers: tuple[int, ...] = ()  # set for a compacted part: the batches its marker holds
 
     @property
     def intact(self) -> bool:
         return self.marker is not None and not self.problems
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        return self.covers or (self.batch,)
+
+    def batch_markers(self) -> list[dict[str, Any]]:
+        """What each batch's own marker said (a compacted part keeps them, without their shard records)."""
+        if self.marker is None:
+            return []
+        return list(self.marker["markers"]) if self.covers else [self.marker]
 
     def shard_records(self, root: Path) -> dict[str, ShardRecord]:
         """Per table, the shard this batch covers (legacy markers: the conventional path, no hash)."""
@@ -155,7 +173,9 @@ def check_batch(root: Path, run_id: str, stage: str, batch: int, marker_path: Pa
         loaded: The marker as ``read_marker`` returned it, when the caller has read it already.
     """
     marker, error = loaded if loaded is not None else read_marker(marker_path)
-    check = BatchCheck(run_id, stage, batch, marker)
+    check = BatchCheck(run_id, stage, batch, marker, marker_file=marker_path)
+    if marker is not None and marker.get("kind") == "compacted":
+        check.covers = tuple(int(b) for b in marker.get("batches") or ())
     if error:
         check.problems.append(Problem(marker_path, run_id, stage, batch, None, "marker", error))
         return check
@@ -171,7 +191,7 @@ def check_batch(root: Path, run_id: str, stage: str, batch: int, marker_path: Pa
 
 
 def _problem(root: Path, check: BatchCheck, record: ShardRecord, kind: str, detail: str) -> Problem:
-    return Problem(root / record.path, check.run_id, check.stage, check.batch, record.table, kind, detail)
+    return Problem(root / record.path, check.run_id, check.stage, check.batch, record.table, kind, detail, check.covers)
 
 
 def _parquet_problem(root: Path, check: BatchCheck, record: ShardRecord, path: Path) -> Problem | None:
@@ -306,7 +326,7 @@ def diagnose(corpus: Corpus) -> Report:
             continue  # not a run: a folder of stage outputs (``_runs/_sft``)
         report = RunReport(run_id, manifest.get("stage"), manifest.get("status"))
         report.problems = [p for c in run_checks for p in c.problems]
-        present = {(c.stage, c.batch) for c in run_checks if c.marker is not None or c.problems}
+        present = {(c.stage, b) for c in run_checks if c.marker is not None or c.problems for b in c.batches}
         for stage, batches in sorted((manifest.get("batches") or {}).items()):
             for b in batches:
                 if (stage, b) not in present:

@@ -162,3 +162,36 @@ def test_repair_refuses_a_run_its_config_no_longer_names_and_one_without_a_confi
     assert "holds no config" in outcome.failed["scripted-run"]
     assert outcome.after.damaged
     assert any("cannot be repaired automatically" in line for line in outcome.after.lines())
+
+
+def test_a_compacted_corpus_resumes_as_done_and_a_damaged_part_is_repaired(clean, tmp_path):
+    """Compaction keeps what resume and repair rely on: a compacted run is done (a rerun redoes nothing), and
+    a damaged part makes its batches not done, so repair redoes them as ordinary shards."""
+    from flows.repair import repair
+    from flows.synthesize import synthesize
+    from storage.compaction import compact
+
+    root = tmp_path / "compacted"
+    shutil.copytree(clean, root)
+    corpus = Corpus(root)
+    done = compact(corpus)
+    assert len(done) == 2 and all(c.parts for c in done)  # the synthesize run and the curate run
+    for name in (*TABLES, "necessity", "dedup"):
+        assert rows(root, name) == rows(clean, name), name
+
+    part = corpus.part_path("trajectories", RUN, "synthesize", 0)
+    written = part.stat().st_mtime_ns
+    summary = synthesize(config=CONFIG, corpus_root=str(root))
+    assert summary["tasks"] == 60 and summary["batches_done"] == 3
+    assert part.stat().st_mtime_ns == written  # nothing redone
+
+    part.write_bytes(part.read_bytes()[:500])
+    found = doctor(root)
+    assert found.returncode == 1 and "compact-00000.parquet: truncated" in found.stdout, found.stdout
+    outcome = repair(root)
+    assert outcome.redone == [RUN] and outcome.failed == {} and not outcome.after.damaged
+    assert not corpus.part_marker_path(RUN, "synthesize", 0).exists()
+    for name in (*TABLES, "necessity", "dedup"):
+        assert rows(root, name) == rows(clean, name), name
+    assert compact(corpus)[0].parts  # compacted again
+    assert doctor(root).returncode == 0
