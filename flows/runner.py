@@ -34,6 +34,8 @@ from storage import Corpus
 
 LOG_EVERY_S = 30.0
 """A running job's status goes to the run log at most this often (the terminal bar shows every change)."""
+HEARTBEAT_S = 120.0
+"""A status unchanged this long is logged again, so a log reader knows the run is alive."""
 
 
 def endpoint_failed(task, task_run, state) -> bool:
@@ -137,6 +139,9 @@ class Feedback:
             last_at, last_line = self._logged.get(s.job, (0.0, ""))
             if s.line() != last_line and now - last_at >= LOG_EVERY_S:
                 self.logger.info("%s", s.line())
+                self._logged[s.job] = (now, s.line())
+            elif s.line() == last_line and now - last_at >= HEARTBEAT_S:  # a long step: say it is still going
+                self.logger.info("%s (still, for %.0f min)", s.line(), (now - s.at) / 60)
                 self._logged[s.job] = (now, s.line())
         percent = round(100.0 * fraction, 1)
         if percent != self._percent:

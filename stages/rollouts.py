@@ -49,6 +49,7 @@ class LLMStage:
     counts: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
+        self._finished = self._tasks = 0
         self.loop = asyncio.new_event_loop()
         self.endpoints = self.loop.run_until_complete(self._open())
         self.budget_spent = False
@@ -125,15 +126,14 @@ class LLMStage:
     def rollouts(self, jobs: list[tuple[Task, Environment]]) -> list[Attempt]:
         """Teacher rollouts for accepted tasks, ``agents.concurrency`` conversations at a time."""
         sem = asyncio.Semaphore(self.config.agents.concurrency)
-        finished = 0
+        self._finished, self._tasks = 0, len(jobs)
         self.progress("LLM rollouts (tasks finished)", 0, len(jobs))
 
         async def one(task: Task, env: Environment) -> list[Attempt]:
-            nonlocal finished
             async with sem:
                 attempts = await self._teach(task, env)
-            finished += 1
-            self.progress("LLM rollouts (tasks finished)", finished, len(jobs))
+            self._finished += 1
+            self.progress("LLM rollouts (tasks finished)", self._finished, len(jobs))
             return attempts
 
         async def all_jobs() -> list[list[Attempt]]:
@@ -154,6 +154,9 @@ class LLMStage:
                 hint = plan_hint(task)
             elif hint_kind == "feedback":
                 hint = feedback_hint([c.__dict__ for c in attempts[-1].verdict.components])
+            # an attempt on the CPU model takes minutes: say which one is running
+            self.progress(f"LLM rollouts (attempt {k + 1} of up to {len(plan)} on {task.task_id}; tasks finished)",
+                          self._finished, self._tasks)
             try:
                 attempt = await self._attempt(task, env, k, hint_kind, hint)
             except BudgetExceeded:

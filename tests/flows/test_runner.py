@@ -42,24 +42,33 @@ class Steps(Stage):
         return {"jobs": len(corpus.batch_summaries(self.run_id, "steps"))}
 
 
-def _run_logs(flow_run_id) -> list[str]:
+def _run_logs(flow_run_id, wanted, timeout: float = 20.0) -> list[str]:
+    """The flow run's log messages once one satisfies ``wanted`` (logs reach the server in batches)."""
+    import logging
+
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
 
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
-    return [log.message for log in logs]
+    deadline = time.monotonic() + timeout
+    while True:
+        for handler in logging.getLogger("prefect.flow_runs").handlers:
+            if isinstance(handler, APILogHandler):
+                handler.flush()
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        messages = [log.message for log in logs]
+        if any(map(wanted, messages)) or time.monotonic() > deadline:
+            return messages
+        time.sleep(0.5)
 
 
 def test_a_running_job_says_what_it_is_doing_in_the_log_and_the_progress_artifact(prefect_server, tmp_path,
                                                                                  monkeypatch):
-    import logging
-
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.context import get_run_context
-    from prefect.logging.handlers import APILogHandler
 
     import flows.runner as runner
 
@@ -76,11 +85,7 @@ def test_a_running_job_says_what_it_is_doing_in_the_log_and_the_progress_artifac
     assert summary["jobs"] == 2
     corpus = Corpus(tmp_path)
     assert corpus.manifest("steps-00000000")["status"] == "complete"
-    for handler in logging.getLogger("prefect.flow_runs").handlers:
-        if isinstance(handler, APILogHandler):
-            handler.flush()
-    time.sleep(1)
-    messages = _run_logs(seen["flow_run"])
+    messages = _run_logs(seen["flow_run"], lambda m: "job 1: done" in m)
     assert any("job 0: LLM rollout" in m and "of 4" in m for m in messages), messages
     assert any("job 1: done" in m for m in messages), messages
     with get_client(sync_client=True) as client:
@@ -89,7 +94,8 @@ def test_a_running_job_says_what_it_is_doing_in_the_log_and_the_progress_artifac
     assert artifact.data == 100.0
     # the second run of the same stage skips both jobs and says so
     steps_flow(str(tmp_path))
-    assert any("already complete, skipped" in m for m in _run_logs(seen["flow_run"])), "no skip logged"
+    messages = _run_logs(seen["flow_run"], lambda m: "already complete, skipped" in m)
+    assert any("already complete, skipped" in m for m in messages), messages
 
 
 def _fast(init):
