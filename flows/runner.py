@@ -223,9 +223,9 @@ def run_stage(stage: Stage, corpus_root: str, *, workers: int = 1, ray: str | No
     context = JobContext(str(corpus.root), cache_path=str(llm_cache_path(corpus)),
                          progress_dir=str(progress_dir(corpus, run_id)))
     server = ModelServer(stage.needs_embedded(pending), corpus)
+    if server.server is not None:
+        logger.info("starting the embedded model's server for %d job(s)", len(pending))
     with server:
-        if server.server is not None:
-            logger.info("starting the embedded model's server for %d job(s)", len(pending))
         context.base_urls = server.urls
         with Feedback(stage, corpus, len(jobs), logger) as feedback:
             for info in _placed(stage, jobs, context, workers, ray, corpus):
