@@ -113,6 +113,7 @@ class Feedback:
         """A job came back: count it and log it."""
         with self._lock:
             self.done += 1
+            self._logged.pop(info.get("job", ""), None)
         if info.get("skipped"):
             self.logger.info("%s: already complete, skipped", info.get("job", info.get("batch")))
         else:
@@ -128,25 +129,26 @@ class Feedback:
                 logging.getLogger(__name__).debug("progress update failed: %s", exc)
 
     def _update(self) -> None:
-        statuses = read_statuses(self.folder)
+        # the watcher thread and the main thread (a job came back) both update: one at a time
         with self._lock:
+            statuses = read_statuses(self.folder)
             running = sum(s.fraction for s in statuses)
             fraction = min(1.0, (self.done + running) / self.total)
             self.bar.update(self.job, completed=self.done + running,
                             description="; ".join(s.line() for s in statuses[:2]))
-        now = time.time()
-        for s in statuses:
-            last_at, last_line = self._logged.get(s.job, (0.0, ""))
-            if s.line() != last_line and now - last_at >= LOG_EVERY_S:
-                self.logger.info("%s", s.line())
-                self._logged[s.job] = (now, s.line())
-            elif s.line() == last_line and now - last_at >= HEARTBEAT_S:  # a long step: say it is still going
-                self.logger.info("%s (still, for %.0f min)", s.line(), (now - s.at) / 60)
-                self._logged[s.job] = (now, s.line())
-        percent = round(100.0 * fraction, 1)
-        if percent != self._percent:
-            self._percent = percent
-            update_progress_artifact(self.artifact, percent)
+            now = time.time()
+            for s in statuses:
+                last_at, last_line = self._logged.get(s.job, (0.0, ""))
+                if s.line() != last_line and now - last_at >= LOG_EVERY_S:
+                    self.logger.info("%s", s.line())
+                    self._logged[s.job] = (now, s.line())
+                elif s.line() == last_line and now - last_at >= HEARTBEAT_S:  # a long step: say it is still going
+                    self.logger.info("%s (still, for %.0f min)", s.line(), (now - s.at) / 60)
+                    self._logged[s.job] = (now, s.line())
+            percent = round(100.0 * fraction, 1)
+            if percent != self._percent:
+                self._percent = percent
+                update_progress_artifact(self.artifact, percent)
 
 
 def _die_with_parent() -> None:
