@@ -107,7 +107,8 @@ def corpus(tmp_path_factory) -> Corpus:
         trajectories += result.tables["trajectories"]
         verdicts += result.tables["verdicts"]
     rows = _curate_tables(tasks, trajectories, verdicts)
-    c.write_batch(CURATE, "curate", 0, {t: rows[t] for t in ("necessity", "difficulty", "trajectories", "verdicts")}, {})
+    curate = ("necessity", "difficulty", "trajectories", "verdicts")
+    c.write_batch(CURATE, "curate", 0, {t: rows[t] for t in curate}, {})
     c.write_batch(CURATE, "dedup", 0, {"dedup": rows["dedup"]}, {})
     return c
 
@@ -156,8 +157,8 @@ def test_membership_is_the_splits_own_rows(corpus: Corpus) -> None:
 def test_curation_is_the_straightforward_definition(corpus: Corpus) -> None:
     con = corpus.connect()
     _same_rows(con, "SELECT * FROM curation", SPEC_CURATION)
-    assert [d[0] for d in con.execute("SELECT * FROM curation LIMIT 0").description] == \
-        [d[0] for d in con.execute(SPEC_CURATION + " LIMIT 0").description]
+    assert con.execute("SELECT * FROM curation LIMIT 0").description == \
+        con.execute(SPEC_CURATION + " LIMIT 0").description
 
 
 def test_verdict_components_is_the_straightforward_definition(corpus: Corpus) -> None:
