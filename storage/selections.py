@@ -109,8 +109,15 @@ SELECTIONS: dict[str, Selection] = {s.key: s for s in (SFT_V1, RL_V1)}
 def selection_views() -> dict[str, str]:
     """``split_<key>`` per selection, then ``curation``: the labels plus one membership column per split."""
     views = {f"split_{s.key}": s.sql for s in SELECTIONS.values()}
-    members = ",\n".join(
-        f"EXISTS (SELECT 1 FROM split_{s.key} m WHERE m.run_id = c.run_id AND m.task_id = c.task_id) AS in_{s.key}"
+    # Membership runs each split's own text (so it means exactly the split's rows), with ``curation_labels``
+    # bound to one materialised copy: through the views, the labels' three latest-per-task windows were computed
+    # once for the rows and again inside every split. Each split is evaluated once, as a set of keys, then
+    # semi-joined; only the keys are kept, so the trajectories' messages and tools are never read.
+    members = "".join(
+        f",\n    members_{s.key} AS (SELECT run_id, task_id FROM ({s.sql}))" for s in SELECTIONS.values())
+    flags = ",\n".join(
+        f"EXISTS (SELECT 1 FROM members_{s.key} m WHERE m.run_id = c.run_id AND m.task_id = c.task_id) AS in_{s.key}"
         for s in SELECTIONS.values())
-    views["curation"] = f"SELECT c.*, {members} FROM curation_labels c"
+    views["curation"] = (f"WITH curation_labels AS MATERIALIZED ({CURATION_VIEWS['curation_labels']}){members}\n"
+                         f"SELECT c.*, {flags} FROM curation_labels c")
     return views
