@@ -14,26 +14,32 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from prefect import flow, get_run_logger, task
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.curate import curate
+from flows.runner import run_job
 from flows.server import hold_run
 from flows.synthesize import synthesize
 from flows.train import train
 from generators.config import SynthesizeConfig, VariantSeed
 from generators.variants import signature_match_sql
 from schemas import SCHEMA_VERSION
-from stages.select import LoopConfig, SelectionSettings, select_round
+from stages.contract import JobContext
+from stages.select import LoopConfig, SelectionSettings, SelectStage
 from storage import Corpus
 
 STAGE = "loop"
 
 
-@task(name="select-parents", task_run_name="select-round-{round_}")
 def select_parents(loop_run_id: str, round_: int, train_run_id: str, settings: SelectionSettings,
                    corpus_root: str) -> dict[str, Any]:
-    return select_round(Corpus(corpus_root), loop_run_id, round_, train_run_id, settings)
+    """The round's parents: the select stage's one job, through the runner's job task (done once per round)."""
+    stage = SelectStage(settings, loop_run_id, round_, train_run_id)
+    corpus = Corpus(corpus_root)
+    (job,) = stage.plan(corpus)
+    run_job(stage, job, JobContext(str(corpus.root)))
+    return stage.summarize(corpus)
 
 
 def _round_markdown(loop_run_id: str, rows: list[dict[str, Any]], match: list[tuple]) -> str:

@@ -22,6 +22,7 @@ from generators.config import SynthesizeConfig, VariantSeed
 from generators.strict import RUN_NAME_HELP, RUN_NAME_PATTERN, RunName, StrictModel
 from generators.variants import seed_from_task
 from schemas import SCHEMA_VERSION, CheckResult, Task, Trajectory, Verdict
+from stages.contract import Job, JobContext, JobResult, Stage
 from stages.curate import CurateConfig
 from storage import Corpus
 from storage.identity import run_identity
@@ -160,15 +161,33 @@ def select(corpus: Corpus, loop_run_id: str, round_: int, train_run_id: str,
     return rows, seeds, {k: round(v / len(parents), 4) for k, v in profile.items()} if parents else {}
 
 
-def select_round(corpus: Corpus, loop_run_id: str, round_: int, train_run_id: str,
-                 settings: SelectionSettings) -> dict[str, Any]:
-    """Select round ``round_``'s parents and write its replay-buffer rows (once: a resumed round reads them)."""
-    done = {b["batch"]: b["summary"] for b in corpus.batch_summaries(loop_run_id, "select")}
-    if round_ in done:
-        return done[round_]
-    rows, seeds, profile = select(corpus, loop_run_id, round_, train_run_id, settings)
-    summary = {"seeds": [s.model_dump(mode="json") for s in seeds], "profile": profile,
-               "active": sum(r["status"] != "retired" for r in rows),
-               "retired": sum(r["status"] == "retired" for r in rows)}
-    corpus.write_batch(loop_run_id, "select", round_, {"replay_buffer": rows} if rows else {}, summary)
-    return summary
+class SelectStage(Stage):
+    """Selection as a stage of a loop run: one job per round, whose rows are the round's replay buffer and whose
+    summary carries the next round's seeds. The loop run owns its manifest (its rounds are runs of their own), so
+    the ``loop`` flow runs this stage's job through the runner's job task, not a whole run of it."""
+
+    name = "select"
+    Config = SelectionSettings
+
+    def __init__(self, config: SelectionSettings, loop_run_id: str, round_: int, train_run_id: str):
+        self.config = config
+        self.loop_run_id, self.round, self.train_run_id = loop_run_id, round_, train_run_id
+
+    @property
+    def run_id(self) -> str:
+        return self.loop_run_id
+
+    def plan(self, corpus: Corpus) -> list[Job]:
+        return [Job("select", self.round, f"select round {self.round}'s parents from {self.train_run_id}")]
+
+    def run(self, job: Job, context: JobContext) -> JobResult:
+        rows, seeds, profile = select(Corpus(context.corpus_root), self.loop_run_id, self.round, self.train_run_id,
+                                      self.config)
+        summary = {"seeds": [s.model_dump(mode="json") for s in seeds], "profile": profile,
+                   "active": sum(r["status"] != "retired" for r in rows),
+                   "retired": sum(r["status"] == "retired" for r in rows)}
+        return JobResult({"replay_buffer": rows} if rows else {}, summary)
+
+    def summarize(self, corpus: Corpus) -> dict[str, Any]:
+        """The round's selection (written once: a resumed round reads it back)."""
+        return {b["batch"]: b["summary"] for b in corpus.batch_summaries(self.loop_run_id, "select")}[self.round]

@@ -78,10 +78,10 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
     """Evaluate the base policy (``policy_dir`` None) or a trained one: the rows of a batch of the train run."""
     from transformers import AutoModelForCausalLM
 
-    from training.policy import load_policy, load_tokenizer, policy_path, weights_digest
+    from training.policy import load_policy, load_tokenizer, weights_digest
 
     if policy_dir is None:
-        base = (config.sft.policy if config.sft else config.grpo.policy if config.grpo else None) or str(policy_path())
+        base = base_policy(config)
         model, tokenizer = AutoModelForCausalLM.from_pretrained(base), load_tokenizer(base)
         label = Path(base).name
     else:
@@ -105,6 +105,34 @@ def evaluate_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: st
            "schema_version": SCHEMA_VERSION}
     trajectories, verdicts = conversation_rows(result.conversations, f"@{run_id}/{stage}", "eval")
     return JobResult({"policy_evals": [row], "trajectories": trajectories, "verdicts": verdicts}, row)
+
+def base_policy(config: TrainConfig) -> str:
+    """The policy a run starts from: the configured one, else the embedded base."""
+    from training.policy import policy_path
+
+    return (config.sft.policy if config.sft else config.grpo.policy if config.grpo else None) or str(policy_path())
+
+
+def bfcl_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: str | None, progress) -> JobResult:
+    """BFCL accuracy of the base policy (``policy_dir`` None) or a trained one: rows of ``bfcl_evals``."""
+    from training.bfcl_eval import LocalAgent, bfcl_accuracy, bfcl_rows
+
+    settings = config.bfcl
+    agent = LocalAgent.from_path(policy_dir or base_policy(config), max_new_tokens=settings.max_new_tokens)
+    done: list[str] = []
+
+    def finished(line: str) -> None:
+        done.append(line)
+        progress("BFCL categories", len(done), len(settings.categories))
+
+    result = bfcl_accuracy(agent, categories=settings.categories, per_category=settings.per_category,
+                           seed=settings.seed, log=finished)
+    rows = bfcl_rows(result, train_run_id=run_id, train_stage=stage)
+    return JobResult({"bfcl_evals": rows}, {"train_stage": stage, "policy": result["agent"]["label"],
+                                             "accuracy": result["overall"]["accuracy"],
+                                             "items": result["overall"]["items"],
+                                             "malformed": result["overall"]["malformed"]})
+
 
 class TrainStage(Stage):
     """Training as a stage: evaluate base → SFT → evaluate → GRPO → evaluate, each step a job, run in order."""
@@ -131,13 +159,17 @@ class TrainStage(Stage):
                                if corpus.manifest(r).get("stage") in ("synthesize", "curate")])
 
     def plan(self, corpus: Corpus) -> list[Job]:
-        jobs = [Job("eval", EVAL_BATCH["base"], "evaluate the base policy", payload="base")]
+        def evaluations(step: str) -> list[Job]:
+            jobs = [Job("eval", EVAL_BATCH[step], f"evaluate the {step} policy", payload=step)]
+            if self.config.bfcl:
+                jobs.append(Job("bfcl", EVAL_BATCH[step], f"BFCL accuracy of the {step} policy", payload=step))
+            return jobs
+
+        jobs = evaluations("base")
         if self.config.sft:
-            jobs += [Job("sft", 0, "SFT on the SFT split", payload="sft"),
-                     Job("eval", EVAL_BATCH["sft"], "evaluate the SFT policy", payload="sft")]
+            jobs += [Job("sft", 0, "SFT on the SFT split", payload="sft"), *evaluations("sft")]
         if self.config.grpo:
-            jobs += [Job("grpo", 0, "GRPO against the environments", payload="grpo"),
-                     Job("eval", EVAL_BATCH["grpo"], "evaluate the GRPO policy", payload="grpo")]
+            jobs += [Job("grpo", 0, "GRPO against the environments", payload="grpo"), *evaluations("grpo")]
         return jobs
 
     def sft_dir(self, corpus: Corpus) -> Path:
@@ -172,6 +204,9 @@ class TrainStage(Stage):
         corpus = Corpus(context.corpus_root)
         if job.stage == "eval":
             return evaluate_policy(self.config, self.run_id, job.payload, self.policy_dir(corpus, job.payload), corpus)
+        if job.stage == "bfcl":
+            return bfcl_policy(self.config, self.run_id, job.payload, self.policy_dir(corpus, job.payload),
+                               context.progress(job))
         if job.stage == "sft":
             self._sft(corpus)
         else:
@@ -215,7 +250,8 @@ class TrainStage(Stage):
             run_grpo(corpus, grpo, out, start=start, on_step=record)
 
     def expected(self, corpus: Corpus, jobs: list[Job]) -> dict[str, Any]:
-        out: dict[str, Any] = {"eval": [j.batch for j in jobs if j.stage == "eval"]}
+        out: dict[str, Any] = {stage: [j.batch for j in jobs if j.stage == stage] for stage in ("eval", "bfcl")
+                               if any(j.stage == stage for j in jobs)}
         policy = self.grpo_dir(corpus) / "policy" / "synthloop_policy.json"
         if self.config.grpo and policy.exists():
             out["grpo"] = range(1, json.loads(policy.read_text()).get("steps", 0) + 1)
@@ -231,11 +267,17 @@ class TrainStage(Stage):
             grpo = json.loads((Path(self.policy_dir(corpus, "grpo")) / "synthloop_policy.json").read_text())
             grpo.pop("history", None)
         last = "grpo" if grpo else "sft" if sft else None
+        bfcl = {b["batch"]: b["summary"] for b in corpus.batch_summaries(self.run_id, "bfcl")}
         return {"run_id": self.run_id, "evals": rows, "sft": sft, "grpo": grpo,
-                "policy_dir": self.policy_dir(corpus, last) if last else None}
+                "bfcl": [bfcl[b] for b in sorted(bfcl)], "policy_dir": self.policy_dir(corpus, last) if last else None}
 
     def markdown(self, summary: dict[str, Any], corpus: Corpus) -> str:
-        return summary_markdown(self.run_id, summary["evals"], summary["sft"], summary["grpo"])
+        lines = [summary_markdown(self.run_id, summary["evals"], summary["sft"], summary["grpo"])]
+        if summary["bfcl"]:
+            lines += ["", "| stage | BFCL accuracy (mean of categories) | items | malformed |", "|---|---|---|---|",
+                      *(f"| {b['train_stage']} | {b['accuracy']} | {b['items']} | {b['malformed']} |"
+                        for b in summary["bfcl"])]
+        return "\n".join(lines)
 
     def closing_line(self, summary: dict[str, Any], corpus: Corpus) -> str:
         return "train run {}: {}".format(self.run_id, "; ".join(

@@ -25,6 +25,17 @@ class EvalSettings(StrictModel):
                                                              "default's 135M policy solves none deeper; null = all.")
 
 
+class BfclSettings(StrictModel):
+    """BFCL-style accuracy of each policy the run evaluates (``../shared/benchmarks/bfcl``), beside its held-out
+    evaluation: the same questions for every policy, so the stages compare."""
+
+    categories: list[str] = Field(default_factory=lambda: ["simple_python", "multiple", "parallel", "irrelevance"],
+                                  description="BFCL categories asked (training.bfcl_eval.CATEGORIES).")
+    per_category: int = Field(5, ge=1, le=2000, description="Questions per category, a seeded sample.")
+    seed: int = Field(0, description="Seeds the sample: the same seed asks every policy the same questions.")
+    max_new_tokens: int = Field(256, ge=16, le=2048)
+
+
 class TrainConfig(StrictModel):
     """One training run: which stages, on which corpus split, evaluated how."""
 
@@ -36,6 +47,8 @@ class TrainConfig(StrictModel):
     grpo: GRPOSettings | None = Field(default_factory=GRPOSettings, description="GRPO stage settings (after SFT "
                                                                                 "when both run); null = skip GRPO.")
     evaluation: EvalSettings = Field(default_factory=EvalSettings)
+    bfcl: BfclSettings | None = Field(None, description="BFCL accuracy of each evaluated policy (rows of "
+                                                        "bfcl_evals beside policy_evals); null = none.")
 
     @model_validator(mode="after")
     def _stages(self) -> TrainConfig:

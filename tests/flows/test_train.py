@@ -28,7 +28,8 @@ def trained(prefect_server, tmp_path_factory):
     config = TrainConfig(sft={"max_steps": 2, "batch_size": 1, "max_length": 768, "held_out_share": 0.2},
                          grpo={"max_steps": 2, "group_size": 2, "tasks_per_step": 1, "max_turns": 2,
                                "max_new_tokens": 32, "held_out_share": 0.2, "save_steps": 1},
-                         evaluation={"tasks": 2, "max_turns": 2, "max_new_tokens": 48})
+                         evaluation={"tasks": 2, "max_turns": 2, "max_new_tokens": 48},
+                         bfcl={"categories": ["simple_python", "irrelevance"], "per_category": 1, "max_new_tokens": 48})
     first = train(config=config, corpus_root=str(corpus.root))
     again = train(config=config, corpus_root=str(corpus.root))
     yield corpus, config, first, again
@@ -54,9 +55,21 @@ def test_each_stage_is_a_row_a_user_can_query(trained):
     assert con.execute("SELECT count(*) FROM trajectories WHERE role = 'grpo'").fetchone()[0] == 4
 
 
+def test_bfcl_accuracy_of_each_policy_sits_beside_its_evaluation(trained):
+    corpus, config, first, _ = trained
+    rows = corpus.connect().execute(
+        "SELECT b.train_stage, b.category, b.items, b.accuracy BETWEEN 0 AND 1, b.policy_version = e.weights_digest "
+        "FROM bfcl_evals b JOIN policy_evals e USING (train_run_id, train_stage) WHERE train_run_id = ? "
+        "ORDER BY list_position(['base', 'sft', 'grpo'], b.train_stage), b.category", [config.run_id()]).fetchall()
+    assert rows == [(stage, category, 1, True, True) for stage in ("base", "sft", "grpo")
+                    for category in ("irrelevance", "simple_python")]
+    assert [b["train_stage"] for b in first["bfcl"]] == ["base", "sft", "grpo"]
+
+
 def test_a_rerun_resumes_every_stage(trained):
     corpus, config, first, again = trained
     assert again["evals"] == first["evals"] and again["sft"] == first["sft"] and again["grpo"] == first["grpo"]
+    assert again["bfcl"] == first["bfcl"]
     assert Corpus(corpus.root).connect().execute("SELECT count(*) FROM policy_evals").fetchone()[0] == 3
 
 

@@ -104,13 +104,17 @@ def test_a_small_run_whose_llm_share_makes_it_slow_is_warned_about():
     assert big.warnings(big.plan(None)) == []  # the LLM share is small next to the rest
 
 
-def test_train_plans_its_steps_in_order_and_only_those_configured():
+def test_train_plans_its_steps_in_order_and_only_those_configured(tmp_path):
     both = TrainStage(TrainConfig())
     assert [(j.stage, j.batch) for j in both.plan(None)] == [("eval", 0), ("sft", 0), ("eval", 1), ("grpo", 0),
                                                               ("eval", 2)]
     assert both.sequential
     only_eval = TrainStage(TrainConfig(sft=None, grpo=None))
     assert [j.title for j in only_eval.plan(None)] == ["evaluate the base policy"]
+    with_bfcl = TrainStage(TrainConfig(grpo=None, bfcl={}))
+    assert [(j.stage, j.batch) for j in with_bfcl.plan(None)] == [("eval", 0), ("bfcl", 0), ("sft", 0), ("eval", 1),
+                                                                   ("bfcl", 1)]
+    assert with_bfcl.expected(Corpus(tmp_path), with_bfcl.plan(None)) == {"eval": [0, 1], "bfcl": [0, 1]}
 
 
 def test_a_job_is_self_describing_and_picklable():
@@ -121,3 +125,12 @@ def test_a_job_is_self_describing_and_picklable():
     back_stage, back_job = pickle.loads(pickle.dumps((stage, job)))
     assert back_job == job and back_stage.run_id == stage.run_id
     assert json.loads(json.dumps(back_stage.config_dump())) == stage.config_dump()
+
+
+def test_the_loops_selection_is_a_stage_of_one_job_per_round_in_the_loop_run():
+    from stages.select import SelectionSettings, SelectStage
+
+    stage = SelectStage(SelectionSettings(), "loop-1234abcd", 2, "train-r2-0000aaaa")
+    (job,) = stage.plan(None)
+    assert (stage.run_id, job.stage, job.batch) == ("loop-1234abcd", "select", 2)
+    assert "train-r2-0000aaaa" in job.title
