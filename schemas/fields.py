@@ -31,21 +31,24 @@ asked for its Arrow type refuses a ``Json`` member; inside a ``Json`` field anyt
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 
 
-class Type:
+class Type(ABC):
     """What a field holds: its JSON Schema (with or without null) and its Arrow type."""
 
+    @abstractmethod
     def json(self, nullable: bool = False) -> dict[str, Any]:
-        raise NotImplementedError
+        """The JSON Schema of a value of this type (``nullable``: null accepted too)."""
 
     @property
+    @abstractmethod
     def arrow(self) -> pa.DataType:
-        raise NotImplementedError
+        """The Arrow type the value is stored as."""
 
 
 def _typed(json_type: str, nullable: bool) -> dict[str, Any]:

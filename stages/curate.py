@@ -403,8 +403,8 @@ class _Probes:
 
 def source_runs(corpus: Corpus, config: CurateConfig, sources: list[str] | None = None) -> list[str]:
     """The synthesize runs to curate: ``sources`` (a repair redoing a run), else the configured ones (each must
-    be complete), else every complete one. A source with a damaged batch is refused (``CorpusDamaged``):
-    curating what is left of it would label another corpus than the run wrote."""
+    be complete), else every complete one. A source with a damaged batch is refused by the stage's
+    ``check_inputs`` (``CorpusDamaged``): curating what is left of it would label another corpus than the run wrote."""
     complete = [r for r in corpus.runs() if corpus.manifest(r).get("stage") == "synthesize"
                 and corpus.manifest(r).get("status") == "complete"]
     wanted = list(sources or config.runs)
@@ -415,7 +415,6 @@ def source_runs(corpus: Corpus, config: CurateConfig, sources: list[str] | None 
     missing = [r for r in wanted if r not in complete]
     if missing:
         raise ValueError(f"run(s) {missing} are not complete synthesize runs of {corpus.root}; complete: {complete}")
-    corpus.require_intact(wanted)
     return wanted
 
 
@@ -530,7 +529,7 @@ class CurateStage(Stage):
                                    "difficulty": self.config.version_of(self.config.difficulty.endpoint)}}
 
     def check_inputs(self, corpus: Corpus) -> None:
-        corpus.require_intact(self.sources)
+        corpus.require_intact(self.sources)  # the runner asks before anything is written
 
     def prepare(self, corpus: Corpus, log: Any) -> None:
         if not corpus.batch_done(self.run_id, "dedup", 0):
