@@ -192,6 +192,16 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    """Serve the read-only corpus viewer until interrupted; needs no Prefect."""
+    from viewer.app import serve
+
+    corpus = require_corpus(args.corpus)
+    print(f"synthloop view: http://{args.host}:{args.port}/ over {corpus.root} (Ctrl-C stops)", flush=True)
+    serve(corpus.root, host=args.host, port=args.port)
+    return 0
+
+
 def cmd_query(args: argparse.Namespace) -> int:
     con = require_corpus(args.corpus).connect()
     try:
@@ -478,6 +488,13 @@ def build_parser(command: str | None = None) -> _Parser:
                    help="run the batches as Ray tasks on the cluster at ADDRESS (host:port, or auto for the one "
                         "started on this machine); needs `pip install -e '.[ray]'`")
     p.set_defaults(fn=cmd_synthesize)
+
+    p = sub.add_parser("view", help="browse the corpus in a web browser: runs, tasks with filters, each task's "
+                                    "conversations and verdicts, plots (docs/viewer.md)")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8765)
+    p.set_defaults(fn=cmd_view)
 
     p = sub.add_parser("query", help="run SQL over the corpus (views: tasks, trajectories, verdicts, ...)")
     p.add_argument("sql")

@@ -31,6 +31,7 @@ from generators.llm import EMBEDDED, EndpointUnavailable, check_pool
 from stages.contract import Job, JobContext, Stage, execute, llm_cache_path, progress_dir
 from stages.progress import read_statuses
 from storage import Corpus
+from viewer import run_url
 
 LOG_EVERY_S = 30.0
 """A running job's status goes to the run log at most this often (the terminal bar shows every change)."""
@@ -237,7 +238,11 @@ def run_stage(stage: Stage, corpus_root: str, *, workers: int = 1, ray: str | No
     # complete only when every job's rows are on disk as written; else the manifest says what is missing
     corpus.complete_run(run_id, stage.expected(corpus, jobs), {"summary": summary})
     corpus.write_catalog()
-    create_markdown_artifact(stage.markdown(summary, corpus), key=f"{stage.name}-summary-{run_id}".lower(),
+    markdown = stage.markdown(summary, corpus)
+    link = run_url(run_id)  # where a viewer serves this corpus (SYNTHLOOP_VIEW_URL), its page of the run
+    if link:
+        markdown += f"\n\n[This run in the corpus viewer]({link})\n"
+    create_markdown_artifact(markdown, key=f"{stage.name}-summary-{run_id}".lower(),
                              description=f"What the {stage.name} run {run_id} produced")
     print(stage.closing_line(summary, corpus))
     return summary

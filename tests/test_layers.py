@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("flows", "stages", "training", "generators", "verifiers", "envs", "storage", "sandbox", "schemas")
+PACKAGES = ("flows", "stages", "viewer", "training", "generators", "verifiers", "envs", "storage", "sandbox", "schemas")
 
 
 def test_every_layer_imports_only_the_layers_below_it():
