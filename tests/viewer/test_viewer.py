@@ -412,3 +412,23 @@ def test_a_task_page_in_the_browser_shows_its_tool_calls_and_verdicts(server, br
     hints = [h.text for h in browser.find_elements(By.CSS_SELECTOR, 'div.rollout[data-role="rollout"] .hint')]
     assert len(rollouts) >= 2 and "plan" in hints
     assert _console_errors(browser) == []
+
+
+@pytest.mark.slow
+def test_a_runs_summary_artifact_links_to_its_viewer_page(prefect_server, tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.synthesize import synthesize
+    from generators.config import SynthesizeConfig
+
+    monkeypatch.setenv("SYNTHLOOP_VIEW_URL", "http://viewer.test:8765")
+    config = SynthesizeConfig(run_name="linked", n_tasks=4, batch_size=4, agents=SCRIPTED)
+    synthesize(config=config, corpus_root=str(tmp_path))
+    key = f"synthesize-summary-{config.run_id}".lower()
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    link = re.search(r"\]\((http://viewer\.test:8765(/runs/[^)]+))\)", artifacts[0].data)
+    assert link and link.group(1) == run_url(config.run_id)
+    page = TestClient(create_app(tmp_path)).get(link.group(2))  # the viewer serving that corpus answers it
+    assert page.status_code == 200 and f'<h1>Run <span class="id">{config.run_id}</span></h1>' in page.text
