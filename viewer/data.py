@@ -88,10 +88,13 @@ def decode(text: Any) -> Any:
         return text
 
 
-def pretty(value: Any) -> str:
-    """Data (or JSON text) as indented JSON; other text as it is."""
+def pretty(value: Any, width: int = 100) -> str:
+    """Data (or JSON text) as JSON: on one line when it fits in ``width``, else indented; other text as it is."""
     value = decode(value)
-    return value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if isinstance(value, str):
+        return value
+    line = json.dumps(value, ensure_ascii=False, default=str)
+    return line if len(line) <= width else json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 # --- runs --------------------------------------------------------------------------------------------------------
