@@ -62,13 +62,11 @@ class CorpusReader:
         stamp = _fingerprint(self.corpus.root)
         with self._lock:
             if self._con is None or stamp != self._stamp:
-                old = self._con
+                # the old catalog is not closed: a request may still hold a cursor on it; it goes with the last one
                 self._con = self.corpus.connect()
                 self._views = {r[0] for r in self._con.execute(
                     "SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
                 self._stamp = stamp
-                if old is not None:
-                    old.close()
             return self._con.cursor(), set(self._views)
 
 
@@ -211,6 +209,7 @@ def filter_options(reader: CorpusReader) -> dict[str, list[str]]:
     con, views = reader.cursor()
     if "tasks" not in views:
         return {}
+
     def distinct(sql: str) -> list[str]:
         return [str(r[0]) for r in con.execute(sql).fetchall() if r[0] is not None]
     opts = {

@@ -277,6 +277,13 @@ def test_run_url_is_the_viewers_run_page_when_a_viewer_url_is_known(monkeypatch)
     assert run_url("a/b c", base="http://v") == "http://v/runs/a%2Fb%20c"
 
 
+def test_view_without_a_corpus_says_so_and_serves_nothing(tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["view", "--corpus", str(tmp_path / "nowhere")]) == 2
+    assert f"no corpus at {tmp_path / 'nowhere'}" in capsys.readouterr().err
+
+
 # --- a real browser against the real server ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(built):
@@ -432,3 +439,15 @@ def test_a_runs_summary_artifact_links_to_its_viewer_page(prefect_server, tmp_pa
     assert link and link.group(1) == run_url(config.run_id)
     page = TestClient(create_app(tmp_path)).get(link.group(2))  # the viewer serving that corpus answers it
     assert page.status_code == 200 and f'<h1>Run <span class="id">{config.run_id}</span></h1>' in page.text
+
+
+@pytest.mark.slow
+def test_the_server_answers_concurrent_requests(server, con):
+    from concurrent.futures import ThreadPoolExecutor
+
+    run_id, task_id = _task_with_rollouts(con)
+    paths = ["/", "/tasks", "/tasks?accepted=no", f"/tasks/{run_id}/{task_id}", "/plots"] * 6
+    with httpx.Client(timeout=60) as http, ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda p: http.get(server + p), paths))
+    assert [a.status_code for a in answers] == [200] * len(paths)
+    assert len({a.text for a in answers if a.url.path == f"/tasks/{run_id}/{task_id}"}) == 1
