@@ -1,15 +1,17 @@
 #!/bin/sh
 # Installs the operating-system packages behind synthloop's sandbox boundary: bubblewrap (the namespaces) and
 # libseccomp2 (the system-call filter). Without them everything runs except untrusted code (LLM-written checks,
-# plugins, third-party servers), which is refused with a message saying what to install. Also Debian's chromium
-# and chromium-driver, the real browser the viewer's tests drive (tests/viewer); without them those tests skip
-# (fail under CI). Never fails the caller.
+# plugins, third-party servers), which is refused with a message saying what to install. With `test` (the test
+# command) also Debian's chromium and chromium-driver, the real browser the viewer's tests drive (tests/viewer);
+# without them those tests skip (fail under CI). Never fails the caller.
 need=""
 command -v bwrap >/dev/null 2>&1 || [ -x /usr/bin/bwrap ] || need="bubblewrap"
 ls /usr/lib/*/libseccomp.so.2 /lib/*/libseccomp.so.2 /usr/lib64/libseccomp.so.2 >/dev/null 2>&1 || need="$need libseccomp2"
 browser=""
-[ -x /usr/bin/chromium ] || browser="chromium"
-[ -x /usr/bin/chromedriver ] || browser="$browser chromium-driver"
+if [ "${1:-}" = test ]; then
+    [ -x /usr/bin/chromium ] || browser="chromium"
+    [ -x /usr/bin/chromedriver ] || browser="$browser chromium-driver"
+fi
 [ -z "$need$browser" ] && exit 0
 if [ "$(id -u)" = 0 ]; then
     sudo=""

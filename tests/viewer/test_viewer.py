@@ -314,7 +314,7 @@ def server(built):
 def browser():
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         message = (f"needs Debian's chromium and chromium-driver ({CHROMIUM}, {CHROMEDRIVER}); "
-                   "scripts/system-deps.sh installs them")
+                   "`sh scripts/system-deps.sh test` installs them")
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
