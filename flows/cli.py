@@ -234,14 +234,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_openenv(args: argparse.Namespace) -> int:
     try:
-        from interop.openenv_env import serve
+        import uvicorn
+
+        from interop.openenv_env import ServedTasks, create_server
     except ModuleNotFoundError as exc:
         raise UsageError(f"`synthloop openenv` needs openenv-core ({exc}): pip install 'synthloop[openenv]'") from None
 
     corpus = require_corpus(args.corpus)
-    print(f"OpenEnv server for {args.corpus} on http://{args.host}:{args.port} (WebSocket /ws)", flush=True)
-    serve(corpus, host=args.host, port=args.port, split=args.split, query=args.query,
-          max_sessions=args.sessions, max_steps=args.max_steps)
+    served = ServedTasks.load(corpus, split=args.split, query=args.query, max_steps=args.max_steps)
+    app = create_server(served, max_sessions=args.sessions)
+    print(f"OpenEnv environment: {len(served.keys)} tasks ({served.selection}) of {args.corpus} on "
+          f"http://{args.host}:{args.port} (WebSocket /ws, {args.sessions} sessions)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

@@ -103,7 +103,8 @@ class ServedTasks:
             library.close()
         selection = f"split {split}" if split else f"query {query!r}" if query else "accepted tasks"
         if not keys:
-            raise ValueError(f"no tasks to serve in {library.corpus.root} ({selection})")
+            raise ValueError(f"no tasks to serve in {library.corpus.root} ({selection})"
+                             + ("; `synthloop curate` fills the splits" if split else ""))
         return cls(library.corpus, keys, tasks, selection, max_steps)
 
     def pick(self, *, task_id: str | None, run_id: str | None, index: int | None, seed: int | None,
@@ -206,17 +207,8 @@ class SynthloopEnvClient(EnvClient[ToolUseAction, ToolUseObservation, ToolUseSta
         return ToolUseState(**payload)
 
 
-def create_server(corpus: Corpus | str, *, split: str | None = None, query: str | None = None,
-                  max_sessions: int = 8, max_steps: int = 64) -> Any:
-    """OpenEnv's FastAPI app (``create_app``) serving the chosen tasks, ``max_sessions`` WebSocket sessions at once."""
-    served = ServedTasks.load(corpus, split=split, query=query, max_steps=max_steps)
+def create_server(served: ServedTasks, *, max_sessions: int = 8) -> Any:
+    """OpenEnv's FastAPI app (``create_app``) serving ``served``, ``max_sessions`` WebSocket sessions at once; run
+    it with uvicorn (``synthloop openenv`` does)."""
     return create_app(partial(SynthloopEnvironment, served), ToolUseAction, ToolUseObservation,
                       env_name="synthloop", max_concurrent_envs=max_sessions)
-
-
-def serve(corpus: Corpus | str, *, host: str = "127.0.0.1", port: int = 8000, split: str | None = None,
-          query: str | None = None, max_sessions: int = 8, max_steps: int = 64) -> None:
-    import uvicorn
-
-    app = create_server(corpus, split=split, query=query, max_sessions=max_sessions, max_steps=max_steps)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
