@@ -12,24 +12,30 @@ import time
 import httpx
 import pytest
 from openenv.core.generic_client import GenericEnvClient
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 from interop import TaskLibrary
 from interop.openenv_env import SynthloopEnvClient, ToolUseAction
 from schemas import Trajectory
 from tests.helpers import REPO, free_port, subprocess_env
 
+pytestmark = pytest.mark.slow  # a real server in a subprocess (~7 s to start: OpenEnv imports gradio)
+
 
 @pytest.fixture(scope="module")
-def server(interop_corpus):
+def server(interop_corpus, tmp_path_factory):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "openenv", "--corpus", str(interop_corpus.root),
-                             "--port", str(port), "--sessions", "4"], cwd=REPO, env=subprocess_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = tmp_path_factory.mktemp("openenv") / "server.log"
+    with open(log, "w") as out:  # a file, not a pipe nobody reads: the server must never block on its log
+        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "openenv", "--corpus", str(interop_corpus.root),
+                                 "--port", str(port), "--sessions", "4"], cwd=REPO, env=subprocess_env(),
+                                stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert proc.poll() is None, f"the server exited: {proc.stdout.read()}"
+            assert proc.poll() is None, f"the server exited: {log.read_text()}"
             try:
                 if httpx.get(f"{url}/health", timeout=2).status_code == 200:
                     break
@@ -177,3 +183,27 @@ def test_the_typed_client_forwards_ask_user_tool_calls_and_finish_ends_the_episo
         assert result.done and result.reward < 1.0
         with pytest.raises(RuntimeError, match="is over"):
             env.step(ToolUseAction(kind="ask_user", message="anything else?"))
+
+
+def test_sessions_beyond_the_servers_limit_are_refused(server):
+    clients = [GenericEnvClient(base_url=server).sync() for _ in range(4)]  # the fixture's --sessions 4
+    try:
+        for c in clients:
+            c.connect()
+            c.reset(index=0)
+        # the server answers a fifth connection with its error and closes it at once (before any message, so
+        # OpenEnv's client may see either the error or the closed socket): read it as it is sent
+        with ws_connect(server.replace("http://", "ws://") + "/ws", open_timeout=10) as extra:
+            assert json.loads(extra.recv(timeout=10))["data"]["code"] == "CAPACITY_REACHED"
+    finally:
+        for c in clients:
+            c.close()
+    deadline = time.monotonic() + 10  # a closed session frees its place (the server tears it down just after)
+    while True:
+        try:
+            with GenericEnvClient(base_url=server).sync() as again:
+                assert again.reset(index=0).observation["task_id"]
+            break
+        except (RuntimeError, ConnectionClosed) as exc:
+            assert time.monotonic() < deadline, exc
+            time.sleep(0.2)
