@@ -15,6 +15,7 @@ call to any name outside the task's tools is an ``unknown tool`` observation, li
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from functools import partial
@@ -163,8 +164,13 @@ class SynthloopEnvironment(Environment[ToolUseAction, ToolUseObservation, ToolUs
         kind, message = action.kind, action.message
         if kind == "tool_call" and action.name == ASK_USER["function"]["name"]:
             # the offered ask_user tool, called as a tool: an LLM's tool call can be forwarded as it came
-            args = action.arguments if isinstance(action.arguments, dict) else {}
-            kind, message = "ask_user", str(args.get("message", action.arguments))
+            args = action.arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    args = {"message": args}
+            kind, message = "ask_user", str(args.get("message", "") if isinstance(args, dict) else args)
         if kind == "tool_call":
             role, content = "tool", episode.call(action.name or "", action.arguments)
         elif kind == "ask_user":

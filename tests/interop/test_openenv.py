@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from interop import TaskLibrary
-from interop.openenv_env import SynthloopEnvClient, ToolUseAction
+from interop.openenv_env import ServedTasks, SynthloopEnvClient, SynthloopEnvironment, ToolUseAction
 from schemas import Trajectory
 from tests.helpers import REPO, free_port, subprocess_env
 
@@ -207,3 +207,25 @@ def test_sessions_beyond_the_servers_limit_are_refused(server):
         except (RuntimeError, ConnectionClosed) as exc:
             assert time.monotonic() < deadline, exc
             time.sleep(0.2)
+
+
+def test_a_query_chooses_the_served_tasks_and_an_endless_episode_is_cut_and_judged(interop_corpus):
+    query = "SELECT run_id, task_id FROM accepted_tasks WHERE domain = 'retail'"
+    served = ServedTasks.load(interop_corpus, query=query, max_steps=3)
+    domains = {served.tasks[k].domain for k in served.keys}
+    assert domains == {"retail"} and len(served.keys) < len(ServedTasks.load(interop_corpus).keys)
+    other = next(r["task_id"] for r in interop_corpus.read("tasks") if r["accepted"] and r["domain"] != "retail")
+    env = SynthloopEnvironment(served)
+    try:
+        with pytest.raises(ValueError, match=f"{other} is not among the {len(served.keys)} tasks"):
+            env.reset(task_id=other)
+        env.reset(index=0)
+        said = env.step(ToolUseAction(kind="tool_call", name="ask_user", arguments='{"message": "Which order?"}'))
+        assert said.role == "user" and env.episode.messages[-2] == {"role": "assistant", "content": "Which order?"}
+        env.reset(index=0)
+        for n in range(1, 4):  # an agent that never stops is cut at max_steps and judged as it stands
+            result = env.step(ToolUseAction(kind="tool_call", name="get_order", arguments={"order_id": "nope"}))
+            assert result.done == (n == 3)
+        assert result.reward is not None and result.reward < 1.0 and env.state.step_count == 3
+    finally:
+        env.close()
