@@ -233,6 +233,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_openenv(args: argparse.Namespace) -> int:
+    corpus = require_corpus(args.corpus)
     try:
         import uvicorn
 
@@ -240,7 +241,6 @@ def cmd_openenv(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise UsageError(f"`synthloop openenv` needs openenv-core ({exc}): pip install 'synthloop[openenv]'") from None
 
-    corpus = require_corpus(args.corpus)
     served = ServedTasks.load(corpus, split=args.split, query=args.query, max_steps=args.max_steps)
     app = create_server(served, max_sessions=args.sessions)
     print(f"OpenEnv environment: {len(served.keys)} tasks ({served.selection}) of {args.corpus} on "
