@@ -228,11 +228,34 @@ def cmd_export(args: argparse.Namespace) -> int:
     from storage import export_selection, export_trl
 
     corpus = require_corpus(args.corpus)
-    if args.format == "trl":
+    if (args.split or args.query) and args.format != "verl":
+        raise UsageError("--split and --query choose the tasks of `export verl` only")
+    if args.format == "verl":
+        from interop.verl import export_verl
+
+        n = export_verl(corpus, args.out, split=args.split, query=args.query)
+    elif args.format == "trl":
         n = export_trl(corpus, args.out, run_id=args.run_id)
     else:
         n = export_selection(corpus, args.format, args.out)
     print(f"wrote {n} rows to {args.out}")
+    return 0
+
+
+def cmd_openenv(args: argparse.Namespace) -> int:
+    corpus = require_corpus(args.corpus)
+    try:
+        import uvicorn
+
+        from interop.openenv_env import ServedTasks, create_server
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"`synthloop openenv` needs openenv-core ({exc}): pip install 'synthloop[openenv]'") from None
+
+    served = ServedTasks.load(corpus, split=args.split, query=args.query, max_steps=args.max_steps)
+    app = create_server(served, max_sessions=args.sessions)
+    print(f"OpenEnv environment: {len(served.keys)} tasks ({served.selection}) of {args.corpus} on "
+          f"http://{args.host}:{args.port} (WebSocket /ws, {args.sessions} sessions)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -541,11 +564,26 @@ def build_parser(command: str | None = None) -> _Parser:
     p.set_defaults(fn=cmd_loop)
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
-    p.add_argument("format", choices=["trl", "sft_v1", "rl_v1"])
+    p.add_argument("format", choices=["trl", "sft_v1", "rl_v1", "verl"],
+                   help="verl: one RL row per task (prompt, reward_model, extra_info.tools_kwargs); docs/openenv.md")
     p.add_argument("--out", required=True)
     p.add_argument("--run-id", dest="run_id")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--split", help="verl: the tasks of this split (e.g. rl_v1); default every accepted task")
+    p.add_argument("--query", help="verl: the tasks of a SQL query returning run_id, task_id")
     p.set_defaults(fn=cmd_export)
+
+    p = sub.add_parser("openenv", help="serve stored tasks as an OpenEnv environment (reset/step/state over "
+                                       "WebSocket; reward from the task's verifier at the end); docs/openenv.md")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--split", help="serve the tasks of this split (e.g. rl_v1); default every accepted task")
+    p.add_argument("--query", help="serve the tasks of a SQL query returning run_id, task_id")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--sessions", type=int, default=8, help="concurrent sessions (one episode each)")
+    p.add_argument("--max-steps", dest="max_steps", type=int, default=64,
+                   help="actions per episode before it is ended and judged")
+    p.set_defaults(fn=cmd_openenv)
 
     p = sub.add_parser("serve", help="start a local Prefect server if needed and serve every flow as a deployment")
     synthesize_args(p, "serve")
@@ -631,7 +669,7 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
     # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
     failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
-              "export": (ValueError,), "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+              "export": (ValueError,), "openenv": (ValueError,), "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")

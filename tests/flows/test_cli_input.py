@@ -90,6 +90,8 @@ def test_an_underscore_run_name_is_refused_before_anything_is_written(cwd, capsy
 @pytest.mark.parametrize("argv", [
     ["query", "SELECT count(*) FROM tasks"],
     ["export", "trl", "--out", "x.jsonl"],
+    ["export", "verl", "--out", "x.parquet"],
+    ["openenv"],
     ["audit"],
     ["train"],
     ["curate"],
