@@ -31,7 +31,6 @@ from typing import Any
 import httpx
 
 from storage.locks import RunLock, SharedLease, alive
-from storage.object_store import ObjectRunLock, run_lock
 
 
 class PrefectUnreachable(RuntimeError):
@@ -404,7 +403,7 @@ def mark_crashed(flow_run_id: str, message: str) -> list[str]:
 
 
 @contextmanager
-def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[RunLock | ObjectRunLock]:
+def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[Any]:
     """Hold the run ``name``'s lock on the corpus for the length of the block (inside a flow run).
 
     A second process running the same run waits here until the first is done, then finds its batches
@@ -414,6 +413,8 @@ def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[RunLock
     """
     from prefect import get_run_logger
     from prefect.runtime import flow_run
+
+    from storage.object_store import run_lock  # a RunLock for a folder; pyarrow and DuckDB load only with a run
 
     logger = get_run_logger()
     lock = run_lock(corpus_root, name, {"run": name, "flow": flow})

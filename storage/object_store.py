@@ -269,7 +269,8 @@ class ObjectCorpus(Corpus):
         self.pull_problems = problems
         return problems
 
-    def _pull_marker(self, key: str, stamp: tuple[int, int], listing: dict[str, tuple[int, int]]) -> list[ObjectProblem]:
+    def _pull_marker(self, key: str, stamp: tuple[int, int],
+                     listing: dict[str, tuple[int, int]]) -> list[ObjectProblem]:
         cached = self._markers.get(key)
         if cached is None or cached[0] != stamp or not (self.root / key).exists():
             data = self.store.get(key)
@@ -368,8 +369,13 @@ def diagnose_objects(corpus: ObjectCorpus) -> tuple[list[str], bool]:
                                           "readers ignore it and the batch's next run overwrites it"))
     runs = sorted({k.split("/")[1] for k in listing if _MANIFEST.fullmatch(k)})
     for run_id in runs:
-        manifest = json.loads(corpus.store.get(f"_runs/{run_id}/manifest.json"))
-        if manifest.get("status") != "complete":
+        try:
+            manifest = json.loads(corpus.store.get(f"_runs/{run_id}/manifest.json"))
+        except ValueError as exc:
+            problems.append(ObjectProblem(corpus.store.where(f"_runs/{run_id}/manifest.json"), "marker",
+                                          f"the run's manifest cannot be read ({exc})", run_id, "?", -1))
+            continue
+        if not isinstance(manifest, dict) or manifest.get("status") != "complete":
             continue
         for stage, batches in (manifest.get("batches") or {}).items():
             for b in batches:
