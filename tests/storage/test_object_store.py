@@ -254,3 +254,31 @@ def test_commands_beyond_synthesize_query_doctor_refuse_an_object_store_root(s3)
         assert done.returncode == 2, done.stderr
         assert f"s3://{BUCKET}/x: an object-store corpus" in done.stderr
     assert ObjectStore(f"s3://{BUCKET}/x").list() == {}
+
+
+def test_a_run_killed_mid_write_resumes_to_the_same_rows_taking_over_its_lock(written, s3, prefect_server):
+    url = f"s3://{BUCKET}/killed"
+    store = ObjectStore(url)
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "synthesize", *ARGS, "--corpus", url], cwd=REPO,
+                            env=subprocess_env(prefect_server, **s3), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # killed once its first shard object is there
+        if any(k.startswith("tasks/") for k in store.list()):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.kill()
+    proc.wait()
+    left = store.list()
+    lock = next(k for k in left if k.startswith("_locks/"))  # the killed holder's lock object is still there
+    assert json.loads(store.get(lock))["pid"] == proc.pid
+
+    again = synthesize(url, s3, prefect_server)  # same host, holder dead: the lock is taken over
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert not any(k.startswith("_locks/") for k in store.list())
+    corpus = Corpus(url)
+    for table in TABLES:
+        assert rows(corpus, table) == rows(Corpus(written), table), table
+    lines, damaged = diagnose_objects(corpus)
+    assert not damaged and lines[-1] == "no damage found", lines
