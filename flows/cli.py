@@ -91,16 +91,18 @@ OBJECT_STORE_COMMANDS = ("synthesize", "query", "doctor")
 
 
 def refuse_object_store(args: argparse.Namespace) -> None:
-    from storage.object_store import UNSUPPORTED
-
     root = getattr(args, "corpus", None) or getattr(args, "root", None)
     if not is_object_url(root):
         return
+    from storage.object_store import UNSUPPORTED, ObjectStore
+
     if args.command not in OBJECT_STORE_COMMANDS:
         raise UsageError(f"{root}: " + UNSUPPORTED.format(what=f"`synthloop {args.command}`"))
     if getattr(args, "ray", None):
         raise UsageError(f"{root}: an object-store corpus is written by this machine's processes only (--ray is not "
                          f"tested against it: Ray workers would need the AWS variables and their own mirror)")
+    if args.command == "synthesize":
+        ObjectStore(root).list()  # an unreachable endpoint or a missing bucket: one line now, not a flow run's trace
 
 
 def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:

@@ -35,6 +35,7 @@ repair and exports refuse it (they write files beside the corpus that this proto
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -107,7 +108,11 @@ class ObjectStore:
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
         except OSError as exc:
-            raise OSError(f"cannot list {self.url} (endpoint {self.endpoint or 'AWS'}): {exc}") from None
+            raise OSError(errno.EIO, f"cannot list the objects (endpoint {self.endpoint or 'AWS'}: {exc})",
+                          self.url) from None
+        if not infos and self.fs.get_file_info(self.bucket).type == pafs.FileType.NotFound:
+            raise FileNotFoundError(errno.ENOENT, f"the bucket {self.bucket!r} does not exist at "
+                                                  f"{self.endpoint or 'AWS'}: create it first", self.url)
         cut = len(base.rstrip("/")) + 1
         return {i.path[cut:]: (i.size, i.mtime_ns or 0) for i in infos if i.type == pafs.FileType.File}
 

@@ -254,6 +254,9 @@ def test_commands_beyond_synthesize_query_doctor_refuse_an_object_store_root(s3)
         assert done.returncode == 2, done.stderr
         assert f"s3://{BUCKET}/x: an object-store corpus" in done.stderr
     assert ObjectStore(f"s3://{BUCKET}/x").list() == {}
+    missing = cli(["synthesize", "--corpus", "s3://no-such-bucket/x"], s3)
+    assert missing.returncode == 4
+    assert "the bucket 'no-such-bucket' does not exist" in missing.stderr and "s3://no-such-bucket/x" in missing.stderr
 
 
 def test_a_run_killed_mid_write_resumes_to_the_same_rows_taking_over_its_lock(written, s3, prefect_server):
