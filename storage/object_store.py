@@ -59,6 +59,9 @@ _MARKER = re.compile(r"_runs/[^/]+/[^/]+/batch-\d{5}\.done\.json")
 _MANIFEST = re.compile(r"_runs/[^/]+/manifest\.json")
 _SHARD = re.compile(r"[^_][^/]*/run=[^/]+/stage=[^/]+/batch-\d{5}\.parquet")
 
+# Damage lines already logged by this process: a flow opens the corpus many times, a user should read each once.
+_REPORTED: set[str] = set()
+
 UNSUPPORTED = ("an object-store corpus (s3://…) supports synthesize, query and doctor; {what} writes files "
                "beside the corpus that its commit protocol does not cover (docs/scale-out.md, 'A corpus on object "
                "storage'): run it on a local or shared-file-system corpus")
@@ -198,6 +201,7 @@ class ObjectCorpus(Corpus):
         super().__init__(mirror_root(self.store.url))
         self.location = self.store.url
         self._markers: dict[str, tuple[tuple[int, int], dict[str, Any] | None]] = {}
+        self._verified: dict[str, tuple[int, int]] = {}
         self.pull_problems: list[ObjectProblem] = []
         self.pull()
 
@@ -265,12 +269,16 @@ class ObjectCorpus(Corpus):
                 path.unlink(missing_ok=True)
         for key, stamp in listing.items():
             if _MANIFEST.fullmatch(key):
-                local = self.root / key
-                if not local.exists() or local.stat().st_mtime_ns != stamp[1] or local.stat().st_size != stamp[0]:
-                    atomic_write_bytes(local, self.store.get(key))
-                    os.utime(local, ns=(stamp[1], stamp[1]))
+                copy = self.root / key
+                if not copy.exists() or (copy.stat().st_size, copy.stat().st_mtime_ns) != stamp:
+                    atomic_write_bytes(copy, self.store.get(key))
+                    os.utime(copy, ns=(stamp[1], stamp[1]))
             elif _MARKER.fullmatch(key):
                 problems += self._pull_marker(key, stamp, listing)
+        for problem in problems:
+            if problem.line() not in _REPORTED:
+                _REPORTED.add(problem.line())
+                log.warning("corpus damage: %s", problem.line())
         self.pull_problems = problems
         return problems
 
@@ -314,9 +322,12 @@ class ObjectCorpus(Corpus):
             cached = st.st_size == record.bytes and st.st_mtime_ns == record.mtime_ns
         except FileNotFoundError:
             cached = False
-        if cached and not moved:
+        if cached and (not moved or self._verified.get(record.path) == remote):
             return None
-        return self._fetch(record)
+        found = self._fetch(record)
+        if found is None:
+            self._verified[record.path] = remote  # moved but intact (a copied corpus): hashed once per process
+        return found
 
     def _fetch(self, record: ShardRecord) -> tuple[str, str] | None:
         """Download one shard into the mirror if its bytes are the recorded ones; else remove the mirror's copy."""
