@@ -71,9 +71,38 @@ def require_corpus(path: str):
     with "Table with name tasks does not exist! Did you mean pg_tablespace?")."""
     from storage import Corpus
 
+    if is_object_url(path):
+        corpus = Corpus(path)
+        if not corpus.runs():
+            raise UsageError(f"no corpus at {path} (no run under its _runs/): run `synthloop synthesize --corpus "
+                             f"{path}` first")
+        return corpus
     if not (Path(path) / "_runs").is_dir():
         raise UsageError(f"no corpus at {path}: run `synthloop synthesize` first or pass --corpus <folder>")
     return Corpus(path)
+
+
+def is_object_url(path: object) -> bool:
+    return isinstance(path, str) and path.startswith("s3://")
+
+
+# What an object-store corpus supports (storage.object_store): the other commands write beside the corpus
+OBJECT_STORE_COMMANDS = ("synthesize", "query", "doctor")
+
+
+def refuse_object_store(args: argparse.Namespace) -> None:
+    root = getattr(args, "corpus", None) or getattr(args, "root", None)
+    if not is_object_url(root):
+        return
+    from storage.object_store import UNSUPPORTED, ObjectStore
+
+    if args.command not in OBJECT_STORE_COMMANDS:
+        raise UsageError(f"{root}: " + UNSUPPORTED.format(what=f"`synthloop {args.command}`"))
+    if getattr(args, "ray", None):
+        raise UsageError(f"{root}: an object-store corpus is written by this machine's processes only (--ray is not "
+                         f"tested against it: Ray workers would need the AWS variables and their own mirror)")
+    if args.command == "synthesize":
+        ObjectStore(root).list()  # an unreachable endpoint or a missing bucket: one line now, not a flow run's trace
 
 
 def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:
@@ -311,6 +340,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from storage import Corpus
     from storage.integrity import diagnose
 
+    if is_object_url(args.root):
+        from storage.object_store import diagnose_objects
+
+        lines, damaged = diagnose_objects(require_corpus(args.root))
+        print("\n".join(lines))
+        return 1 if damaged else 0
     root = Path(args.root)
     if not (root / "_runs").is_dir():
         print(f"no corpus at {root} (no _runs folder); pass --root", file=sys.stderr)
@@ -643,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:
             raise UsageError("\n".join(unknown_options(parser.commands[args.command], extra)))
+        refuse_object_store(args)
         return args.fn(args)
     except Exception as exc:
         status = exit_status(exc, command or "", getattr(args, "config", None))

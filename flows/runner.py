@@ -223,7 +223,7 @@ def run_stage(stage: Stage, corpus_root: str, *, workers: int = 1, ray: str | No
         check_cluster(ray)
     for warning in stage.warnings(pending):
         logger.warning("%s", warning)
-    context = JobContext(str(corpus.root), cache_path=str(llm_cache_path(corpus)),
+    context = JobContext(corpus.location, cache_path=str(llm_cache_path(corpus)),
                          progress_dir=str(progress_dir(corpus, run_id)))
     server = ModelServer(stage.needs_embedded(pending), corpus)
     if server.server is not None:

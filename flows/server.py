@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from storage.locks import RunLock, SharedLease, alive, lock_path
+from storage.locks import RunLock, SharedLease, alive
 
 
 class PrefectUnreachable(RuntimeError):
@@ -403,7 +403,7 @@ def mark_crashed(flow_run_id: str, message: str) -> list[str]:
 
 
 @contextmanager
-def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[RunLock]:
+def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[Any]:
     """Hold the run ``name``'s lock on the corpus for the length of the block (inside a flow run).
 
     A second process running the same run waits here until the first is done, then finds its batches
@@ -414,8 +414,10 @@ def claim_run(corpus_root: str | Path, name: str, flow: str) -> Iterator[RunLock
     from prefect import get_run_logger
     from prefect.runtime import flow_run
 
+    from storage.object_store import run_lock  # a RunLock for a folder; pyarrow and DuckDB load only with a run
+
     logger = get_run_logger()
-    lock = RunLock(lock_path(corpus_root, name), {"run": name, "flow": flow})
+    lock = run_lock(corpus_root, name, {"run": name, "flow": flow})
 
     def waiting(holder: dict[str, Any]) -> None:
         since = time.strftime("%H:%M:%S", time.localtime(holder["since"])) if holder.get("since") else "?"

@@ -302,7 +302,7 @@ class SynthesizeStage(Stage):
 
     def closing_line(self, summary: dict[str, Any], corpus: Corpus) -> str:
         return (f"run {self.run_id}: {summary['accepted']} accepted of {summary['tasks']} tasks "
-                f"({summary['acceptance_rate']:.1%}); corpus at {corpus.root}")
+                f"({summary['acceptance_rate']:.1%}); corpus at {corpus.location}")
 
 
 def _duration(seconds: float) -> str:

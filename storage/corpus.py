@@ -81,11 +81,20 @@ class Corpus:
     """Read and write one corpus root.
 
     Args:
-        root: Folder of the corpus; created on first write.
+        root: Folder of the corpus; created on first write. An ``s3://bucket/prefix`` URL opens an
+            ``storage.object_store.ObjectCorpus`` (its own commit protocol over a local mirror).
     """
+
+    def __new__(cls, root: str | Path = DEFAULT_ROOT) -> Corpus:
+        if cls is Corpus and isinstance(root, str) and root.startswith("s3://"):
+            from storage.object_store import ObjectCorpus  # its own module: the object-store commit protocol
+
+            return super().__new__(ObjectCorpus)
+        return super().__new__(cls)
 
     def __init__(self, root: str | Path = DEFAULT_ROOT):
         self.root = Path(root).resolve()
+        self.location = str(self.root)  # what another process opens: the folder, or an object store's URL
         # compacted parts' markers by path, with the (size, mtime) they were read at: resume asks once per batch,
         # and a part's marker carries every batch's summary
         self._parts: dict[Path, tuple[tuple[int, int], tuple[dict[str, Any] | None, str | None]]] = {}
@@ -156,6 +165,10 @@ class Corpus:
                   "shards": {t: r.to_json() for t, r in records.items()}, "summary": summary, "finished_at": now,
                   # when the batch first finished: orders runs (dedup's cluster heads) the same after a redo
                   "first_finished_at": (old or {}).get("first_finished_at", (old or {}).get("finished_at", now))}
+        self._commit(marker_path, marker)
+
+    def _commit(self, marker_path: Path, marker: dict[str, Any]) -> None:
+        """Write a batch's done marker, written last: from here on the batch is done."""
         atomic_write_bytes(marker_path, json.dumps(marker, sort_keys=True).encode())
 
     def _remove_part_holding(self, run_id: str, stage: str, batch: int) -> dict[str, Any] | None:
