@@ -55,7 +55,7 @@ class Judgement:
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.verdict.passed, "reward": self.reward, "parts": self.parts,
-                "reason": self.verdict.reason,
+                "error": self.verdict.error,
                 "components": [{"name": c.name, "passed": c.passed, "score": c.score, "detail": c.detail}
                                for c in self.verdict.components]}
 
