@@ -135,8 +135,13 @@ class Plays:
             if key is None:
                 raise ValueError(f"no task {task_id} on this server; synthloop://tasks lists the "
                                  f"{len(self.keys)} it serves")
-        self.end(session, "reset")
-        return self._start(session, key, old.number + 1)
+        if len(old.episode.messages) > len(old.episode.prompt):
+            self.end(session, "reset")
+            number = old.number + 1
+        else:  # untouched (a harness picking its task first): nothing was played, so nothing is recorded
+            self.current.pop(session).episode.close()
+            number = old.number
+        return self._start(session, key, number)
 
     def record(self, play: Play, ended: str | None) -> dict[str, Any]:
         episode = play.episode
@@ -396,6 +401,8 @@ def serve(corpus: str, *, split: str | None = None, query: str | None = None, ta
             keys = [(found.run_id, found.task_id)]
         else:
             keys = library.keys(split=split, query=query)
+        if out:
+            open(out, "a").close()  # an unwritable --out fails now, not when the first play ends
         plays = Plays(library, keys, out=Path(out) if out else None, idle_s=idle_s if transport == "http" else None)
     except BaseException:
         library.close()
@@ -405,6 +412,9 @@ def serve(corpus: str, *, split: str | None = None, query: str | None = None, ta
             import anyio
 
             server = build_server(plays, http=False)
+            print(f"synthloop mcp: {len(keys)} task(s) over stdio; "
+                  + (f"each play's grade is appended to {out}" if out else "no --out: plays are not graded anywhere"),
+                  file=sys.stderr, flush=True)
 
             async def run() -> None:
                 async with stdio_server() as (read, write):
