@@ -409,7 +409,7 @@ def serve(corpus: str, *, split: str | None = None, query: str | None = None, ta
         raise
     try:
         if transport == "stdio":
-            import anyio
+            import asyncio
 
             server = build_server(plays, http=False)
             print(f"synthloop mcp: {len(keys)} task(s) over stdio; "
@@ -420,7 +420,7 @@ def serve(corpus: str, *, split: str | None = None, query: str | None = None, ta
                 async with stdio_server() as (read, write):
                     await server.run(read, write, server.create_initialization_options())
 
-            anyio.run(run)
+            asyncio.run(run())
             plays.end_all("closed")  # stdin ended: the client closed the session
         else:
             import uvicorn
