@@ -637,7 +637,8 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
     # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
     failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
-              "export": (ValueError,), "mcp": (ValueError,), "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+              "export": (ValueError,), "mcp": (ValueError,),
+              "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")
