@@ -324,6 +324,14 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from interop.mcp_server import serve
+
+    require_corpus(args.corpus)
+    return serve(args.corpus, split=args.split, query=args.query, task=args.task, transport=args.transport,
+                 host=args.host, port=args.port, out=args.out, token_file=args.token_file)
+
+
 def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas import TABLES
 
@@ -646,6 +654,21 @@ def build_parser(command: str | None = None) -> _Parser:
     c.add_argument("--format", default="auto", choices=["auto", "openai", "jsonschema", "bfcl", "openapi", "mcp"])
     c.set_defaults(fn=cmd_catalog)
 
+    p = sub.add_parser("mcp", help="serve stored tasks to any agent as an MCP server (stdio or Streamable HTTP): one "
+                                   "episode per session, graded out of the agent's reach (docs/mcp.md)")
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    pick = p.add_mutually_exclusive_group()
+    pick.add_argument("--split", help="serve a split's tasks (rl_v1, sft_v1); default: every accepted task")
+    pick.add_argument("--query", help="serve the tasks a SQL query returns (columns run_id, task_id)")
+    pick.add_argument("--task", metavar="TASK_ID", help="serve this one task")
+    p.add_argument("--transport", choices=["stdio", "http"], default="stdio")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP: address to listen on")
+    p.add_argument("--port", type=int, default=8765, help="HTTP: port to listen on")
+    p.add_argument("--out", metavar="FILE", help="append each ended play's judgement and transcript here (JSON lines)")
+    p.add_argument("--token-file", dest="token_file", metavar="FILE",
+                   help="HTTP: where the grader token is written, mode 0600 (default: a new private temp file)")
+    p.set_defaults(fn=cmd_mcp)
+
     p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")
     p.add_argument("--out", default="data/schemas")
     p.set_defaults(fn=cmd_schemas)
@@ -705,7 +728,8 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
     # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
     failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
-              "export": (ValueError,), "openenv": (ValueError,), "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+              "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
+              "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")
