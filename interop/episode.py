@@ -142,12 +142,13 @@ class Episode:
                       "user_stopped": bool(self.user.stopped), "attempt": 0, "hint": None, "preferred": False,
                       "signals": {}, "n_tool_calls": self._calls, "duration_s": 0.0})
 
-    def judge(self, answer: str | None = None) -> Judgement:
-        """The task's own verifier on the conversation so far (replayed on the initial state), and its reward."""
+    def judge(self, answer: str | None = None, *, malformed: int = 0) -> Judgement:
+        """The task's own verifier on the conversation so far (replayed on the initial state), and its reward;
+        ``malformed``: calls the agent wrote that never reached :meth:`call` (unparseable), which gate it to 0."""
         self.finish(answer)
         trajectory = self.trajectory()
         verdict = verify(self.task, trajectory, self.initial)
-        score, parts = reward(self.task, trajectory, verdict)
+        score, parts = reward(self.task, trajectory, verdict, malformed)
         return Judgement(verdict, score, parts)
 
     def close(self) -> None:
