@@ -147,13 +147,6 @@ def tool_method(tool: dict[str, Any], target: str):
     return method
 
 
-def trl_view(tool: dict[str, Any]) -> dict[str, Any]:
-    """The tool's schema as TRL renders it from the generated method (``get_json_schema``)."""
-    from transformers.utils import get_json_schema
-
-    return get_json_schema(tool_method(tool, "_call"))
-
-
 # --- the environment -------------------------------------------------------------------------------------------------
 
 class TaskEnvironment:

@@ -19,6 +19,7 @@ from interop.trl_env import (
     verifier_reward,
 )
 from schemas import Trajectory
+from tests.interop.test_episode import play
 
 
 def as_trl_renders(tool: dict) -> dict:
@@ -121,8 +122,6 @@ def test_the_reference_played_through_the_methods_gets_the_verifiers_reward(libr
                [c["function"]["name"] for c in ref.tool_calls]  # the calls hit the environment, in order
         [score] = verifier_reward([completion], environments=[env])
         direct = library.episode(library.task(ref.run_id, ref.task_id))
-        from tests.interop.test_episode import play
-
         play(direct, ref.messages)
         assert score == direct.judge().reward == env.judgement.reward == 1.0, env.judgement.parts
         assert env.judgement.passed
