@@ -214,9 +214,16 @@ def environment_class(name: str, tools: list[dict[str, Any]], library: TaskLibra
     for tool in tools:
         method = tool_method(tool, "_call")
         try:
-            get_json_schema(method)
+            seen = get_json_schema(method)["function"]["parameters"]
         except Exception as exc:  # noqa: BLE001 - transformers raises several kinds; all mean the same to a user
             raise ValueError(f"tool {tool['function']['name']!r}: TRL cannot read its generated method: {exc}") from exc
+        params = tool["function"].get("parameters") or {}
+        if (list(seen.get("properties") or {}) != list(params.get("properties") or {})
+                or sorted(seen.get("required") or []) != sorted(set(params.get("required") or [])
+                                                                & set(params.get("properties") or {}))):
+            raise ValueError(f"tool {tool['function']['name']!r}: TRL would read other parameters from its generated "
+                             f"method ({seen}) than the tool declares ({params}); its description probably contains a "
+                             "docstring section header")
         members[method.__name__] = method
     cls_name = "".join(part.capitalize() for part in re.split(r"\W+", name)) + "Environment"
     return type(cls_name, (TaskEnvironment,), {**members, "__doc__": f"Tasks offering {', '.join(members['tool_names'])}."})
