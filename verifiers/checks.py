@@ -279,9 +279,9 @@ def execution_check(judged: Judged, entry: ExecutionCheck | None) -> CheckResult
 def grounding_check(judged: Judged, entry: None) -> CheckResult:
     # Every argument must come from somewhere the assistant could see: the user's words, an earlier tool
     # result, or the parameter's default. An id that was guessed, or copied from a dropped lookup, is not.
-    ungrounded, well_formed = judged.replayed.ungrounded, _well_formed(judged)
-    return CheckResult("grounding", not ungrounded, _ratio(well_formed - len(ungrounded), well_formed),
-                       "; ".join(ungrounded[:3]))
+    replayed, well_formed = judged.replayed, _well_formed(judged)
+    return CheckResult("grounding", not replayed.ungrounded,
+                       _ratio(well_formed - replayed.ungrounded_calls, well_formed), "; ".join(replayed.ungrounded[:3]))
 
 
 @check("observations")
@@ -676,7 +676,8 @@ class _Replay:
     calls: list[tuple[str | None, Any, str | None]] = field(default_factory=list)
     schema_problems: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    ungrounded: list[str] = field(default_factory=list)
+    ungrounded: list[str] = field(default_factory=list)  # one entry per argument
+    ungrounded_calls: int = 0  # calls with at least one: the grounding score counts calls, as its total does
     mismatched_observations: list[str] = field(default_factory=list)
     succeeded: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     seen: SeenValues = field(default_factory=SeenValues)
@@ -703,9 +704,10 @@ def _replay(messages: list[Message], env: Environment) -> _Replay:
                 if invalid:
                     out.schema_problems.append(invalid)
                 props = env.specs[name].record.parameters["properties"] if name in env.specs else {}
-                for param, value in args.items():
-                    if not out.seen.knows(value, props.get(param, {}).get("default")):
-                        out.ungrounded.append(f"{name}.{param}={short_repr(value)}")
+                guessed = [f"{name}.{param}={short_repr(value)}" for param, value in args.items()
+                           if not out.seen.knows(value, props.get(param, {}).get("default"))]
+                out.ungrounded += guessed
+                out.ungrounded_calls += bool(guessed)
                 # an invalid call is refused by ``execute`` with the same message, without validating it twice
                 result, error = (None, invalid) if invalid else env.execute(name, args)
                 written = observation(result, error)

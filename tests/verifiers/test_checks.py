@@ -399,6 +399,14 @@ def test_component_scores_are_the_share_of_good_calls(retail_task: Case) -> None
     assert by_name["execution"].score == pytest.approx(2 / 4)
 
 
+def test_grounding_scores_the_share_of_calls_even_when_one_call_guesses_several_values(retail_task: Case) -> None:
+    task = retail_task.task
+    guessed = _fn("update_customer_city", '{"customer_id": "C9876", "city": "Atlantis-on-Sea"}', 0)
+    grounding = {c.name: c for c in verify(task, _with_calls(task, [guessed]), retail_task.env).components}["grounding"]
+    assert not grounding.passed and grounding.score == 0.0  # two guessed values in one call: one bad call of one
+    assert "customer_id" in grounding.detail and "city" in grounding.detail
+
+
 def test_too_many_calls_break_the_call_budget(retail_task: Case) -> None:
     task = retail_task.task
     budget = next(r["value"] for r in task.constraints if r["kind"] == "max_calls")
