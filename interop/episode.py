@@ -104,7 +104,8 @@ class Episode:
         if name not in self.tool_names:
             return observation(None, f"unknown tool `{name}`; the tools are {', '.join(self.tool_names)}")
         self._calls += 1
-        args = arguments if isinstance(arguments, str) else json.dumps(arguments or {}, sort_keys=True)
+        # the agent's own argument order: the verdict's details list arguments in it, as for a recorded conversation
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
         call = {"id": f"call_{self._calls}", "type": "function", "function": {"name": name, "arguments": args}}
         content = observation(*self.env.call(call))
         self.messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
