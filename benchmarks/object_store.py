@@ -79,8 +79,8 @@ def main() -> None:
                 result = stage.run(job, JobContext(local))
                 order = list(corpora.items())[:: 1 if job.batch % 2 else -1]  # who goes first alternates
                 for root, corpus in order:  # the same rows committed both ways
-                    write[root] += timed(lambda c=corpus: c.write_batch(stage.run_id, job.stage, job.batch,
-                                                                          result.tables, result.summary))[0]
+                    write[root] += timed(lambda c=corpus, j=job, r=result: c.write_batch(
+                        stage.run_id, j.stage, j.batch, r.tables, r.summary))[0]
             read_local, n_local = timed(lambda: len(Corpus(local).read("trajectories")))
             os.environ["SYNTHLOOP_OBJECT_MIRROR"] = f"{tmp}/reader"
             read_cold, n_cold = timed(lambda: len(Corpus(url).read("trajectories")))

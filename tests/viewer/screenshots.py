@@ -17,7 +17,6 @@ import httpx
 from PIL import Image
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
-from selenium.webdriver.common.by import By
 
 from tests.helpers import REPO, free_port
 
