@@ -34,17 +34,9 @@ from training.policy import policy_path  # noqa: E402
 
 
 def scripted_corpus(root: Path) -> Corpus:
-    from generators.config import SynthesizeConfig
-    from stages.synthesize import run_batch
-    from tests.helpers import SCRIPTED
+    from tests.helpers import scripted_corpus as scripted
 
-    corpus = Corpus(root)
-    config = SynthesizeConfig(run_name="bench-trl", n_tasks=60, batch_size=60, agents=SCRIPTED,
-                              sampling={"depth_max": 2})
-    result = run_batch(config, 0)
-    corpus.write_batch(config.run_id, "synthesize", 0, result.tables, result.summary)
-    corpus.write_manifest(config.run_id, {"stage": "synthesize", "status": "complete", "config": config.model_dump()})
-    return corpus
+    return scripted(root, run_name="bench-trl", n_tasks=60, depth_max=2)
 
 
 def builtin(corpus: Corpus, settings: GRPOSettings, out: Path) -> list[dict]:

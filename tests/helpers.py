@@ -115,3 +115,29 @@ def need_pids_cgroup() -> None:
         if os.environ.get("CI"):
             pytest.fail(f"no pids cgroup here: {exc.reason}")
         pytest.skip(f"no pids cgroup here: {exc.reason}")
+
+
+def scripted_corpus(root, *, run_name: str, n_tasks: int, depth_max: int):
+    """A one-batch corpus synthesized by the scripted agents (no model), its manifest carrying the config so
+    ``generators.sources.Environments`` reopens each task's environment."""
+    from generators.config import SynthesizeConfig
+    from stages.synthesize import run_batch
+    from storage import Corpus
+
+    corpus = Corpus(root)
+    config = SynthesizeConfig(run_name=run_name, n_tasks=n_tasks, batch_size=n_tasks, agents=SCRIPTED,
+                              sampling={"depth_max": depth_max})
+    result = run_batch(config, 0)
+    corpus.write_batch(config.run_id, "synthesize", 0, result.tables, result.summary)
+    corpus.write_manifest(config.run_id, {"stage": "synthesize", "status": "complete", "config": config.model_dump()})
+    return corpus
+
+
+def recorded(corpus, role: str, *, accepted_only: bool = False) -> list:
+    """The stored trajectories of one role (``reference``, a control kind), optionally of accepted tasks only."""
+    from schemas import Trajectory
+
+    accepted = {r["task_id"] for r in corpus.read("tasks") if r["accepted"]} if accepted_only else None
+    return [Trajectory(**{k: v for k, v in r.items() if k != "schema_version"})
+            for r in corpus.read("trajectories")
+            if r["role"] == role and (accepted is None or r["task_id"] in accepted)]

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
-from interop import TaskLibrary
-from schemas import Trajectory
+from tests.helpers import recorded
 
 
 def play(episode, messages) -> None:
@@ -24,18 +21,6 @@ def play(episode, messages) -> None:
             episode.ask_user(m["content"])
         else:
             episode.finish(m["content"])
-
-
-@pytest.fixture(scope="module")
-def library(interop_corpus):
-    lib = TaskLibrary(interop_corpus)
-    yield lib
-    lib.close()
-
-
-def recorded(corpus, role: str) -> list[Trajectory]:
-    return [Trajectory(**{k: v for k, v in r.items() if k != "schema_version"})
-            for r in corpus.read("trajectories") if r["role"] == role]
 
 
 def test_the_reference_played_from_outside_passes_with_full_reward(library, interop_corpus):

@@ -18,23 +18,9 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from interop import TaskLibrary
-from schemas import Trajectory
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, recorded
 
 GRADER_NAMES = ("verify", "grade", "judge", "reward")
-
-
-@pytest.fixture(scope="module")
-def library(interop_corpus):
-    lib = TaskLibrary(interop_corpus)
-    yield lib
-    lib.close()
-
-
-def recorded(corpus, role: str) -> list[Trajectory]:
-    return [Trajectory(**{k: v for k, v in r.items() if k != "schema_version"})
-            for r in corpus.read("trajectories") if r["role"] == role]
 
 
 @pytest.fixture(scope="module")

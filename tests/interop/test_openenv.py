@@ -18,6 +18,7 @@ from websockets.sync.client import connect as ws_connect
 from interop import TaskLibrary
 from interop.openenv_env import ServedTasks, SynthloopEnvClient, SynthloopEnvironment, ToolUseAction
 from schemas import Trajectory
+from tests import helpers
 from tests.helpers import REPO, free_port, subprocess_env
 
 pytestmark = pytest.mark.slow  # a real server in a subprocess (~7 s to start: OpenEnv imports gradio)
@@ -54,9 +55,7 @@ def server(interop_corpus, tmp_path_factory):
 
 
 def recorded(corpus, role: str) -> list[Trajectory]:
-    accepted = {r["task_id"] for r in corpus.read("tasks") if r["accepted"]}
-    return [Trajectory(**{k: v for k, v in r.items() if k != "schema_version"})
-            for r in corpus.read("trajectories") if r["role"] == role and r["task_id"] in accepted]
+    return helpers.recorded(corpus, role, accepted_only=True)
 
 
 def actions(messages: list[dict]) -> list[dict]:

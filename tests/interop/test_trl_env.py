@@ -10,7 +10,7 @@ import json
 import pytest
 
 from envs.registry import DOMAINS
-from interop import ASK_USER, TaskLibrary
+from interop import ASK_USER
 from interop.trl_env import (
     environment_factory,
     policy_tokenizer,
@@ -56,13 +56,6 @@ def test_a_tool_trl_cannot_offer_is_refused_by_name():
         tool_method(bad, "_call")
     with pytest.raises(ValueError, match="reset.*reserved"):
         tool_method({"name": "reset", "parameters": {}}, "_call")
-
-
-@pytest.fixture(scope="module")
-def library(interop_corpus):
-    lib = TaskLibrary(interop_corpus)
-    yield lib
-    lib.close()
 
 
 def references(corpus, library) -> list[Trajectory]:
