@@ -48,7 +48,19 @@ from typing import Any, NoReturn
 import jsonschema
 
 from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
-from sandbox import INPUT, ONE_SHOT, Limits, SandboxUnavailable, Spec, availability, python_executable, sandboxed
+from sandbox import (
+    INPUT,
+    ONE_SHOT,
+    FileCaps,
+    Limits,
+    SandboxUnavailable,
+    Spec,
+    availability,
+    hash_tree,
+    python_executable,
+    sandboxed,
+    size_text,
+)
 from schemas import Tool
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +74,14 @@ class PluginError(RuntimeError):
     """A plugin failed (import, generator, crash, timeout, malformed answer); the message names it and says how."""
 
 
+class _AnswerTooLarge(Exception):
+    """The worker's answer line passed the cap; ``received`` bytes of it had been read when it was stopped."""
+
+    def __init__(self, received: int):
+        super().__init__(received)
+        self.received = received
+
+
 @dataclass(frozen=True)
 class PluginLimits:
     """Limits of one plugin's worker process.
@@ -73,7 +93,10 @@ class PluginLimits:
         cpu_seconds: CPU time of the worker over its whole life (RLIMIT_CPU): a backstop, not a per-call limit.
         memory_mb: Address space of the worker (RLIMIT_AS); allocations past it raise ``MemoryError`` inside it.
         disk_mb: Size of its private writable tmpfs.
-        max_answer_bytes: Largest answer line accepted from the worker (a snapshot of the database is one).
+        max_answer_bytes: Largest answer line accepted from the worker (a snapshot of the database, base64, is
+            one; a tool's result another). Read no further than this: past it the worker is killed, that request
+            fails, and the next starts a new worker. JSON can decode to ~30 times its size (``[{},{},...]``), so
+            this bounds what one answer costs this process to ~0.5 GB.
     """
 
     call_timeout_s: float = 30.0
@@ -81,7 +104,7 @@ class PluginLimits:
     cpu_seconds: int = 3600
     memory_mb: int = 1024
     disk_mb: int = 16
-    max_answer_bytes: int = 256 << 20
+    max_answer_bytes: int = 16 << 20
 
     def kernel(self) -> Limits:
         return Limits(cpu_seconds=self.cpu_seconds, wall_seconds=None, memory_mb=self.memory_mb, disk_mb=self.disk_mb,
@@ -169,16 +192,27 @@ def locate(ref: str, search_path: list[str] | None = None, *, entry_point: str |
                       "add its folder to the search path (or PYTHONPATH), or install its distribution")
 
 
-def content_hash(location: PluginLocation) -> str:
-    """Hash of the plugin's source files and its ref: a run id built on it changes when the plugin does."""
+PACKAGE_CAPS = FileCaps(file_bytes=64 << 20, total_bytes=256 << 20, files=10_000, depth=32)
+"""What a plugin's package may hold for this process to hash it (a package is code and a little data: the
+bookshop example is 15 KiB in 4 files); past a cap the plugin is refused before anything big is read."""
+
+
+def _compiled(parts: tuple[str, ...]) -> bool:
+    return parts[-1] == "__pycache__" or parts[-1].endswith((".pyc", ".pyo"))
+
+
+def content_hash(location: PluginLocation, caps: FileCaps = PACKAGE_CAPS) -> str:
+    """Hash of the plugin's source files and its ref: a run id built on it changes when the plugin does.
+
+    The package is read as untrusted data (``sandbox.files.hash_tree``): streamed, capped by ``caps``, its links
+    counted by where they point, never followed (inside the sandbox a link out of the package points at nothing).
+
+    Raises:
+        sandbox.FileRefused: the package is over a cap; the message names the file, the plugin and the cap.
+            Not a ``PluginError``, so that no caller takes it for a plugin that cannot be found.
+    """
     h = hashlib.sha256(f"plugin\0{location.ref}\0".encode())
-    top = Path(location.top)
-    files = [top] if top.is_file() else sorted(
-        p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"))
-    for path in files:
-        rel = path.name if path == top else path.relative_to(top).as_posix()
-        h.update(f"{rel}\0{path.stat().st_size}\0".encode())
-        h.update(path.read_bytes())
+    hash_tree(location.top, h, caps=caps, what=f"plugin {location.ref}'s package", skip=_compiled)
     return h.hexdigest()[:16]
 
 
@@ -278,25 +312,38 @@ class _Worker:
     def send(self, line: bytes) -> None:
         self.proc.stdin.write(line)
 
-    def receive(self, deadline: float, cap: int) -> bytes | None:
-        """The next answer line; None at end of output. Raises TimeoutError past the deadline."""
+    def receive(self, deadline: float, cap: int) -> bytearray | None:
+        """The next answer line; None at end of output.
+
+        Raises:
+            TimeoutError: past the deadline.
+            _AnswerTooLarge: more than ``cap`` bytes came without the line ending; no more than ``cap`` plus one
+                read are ever held, however much the worker writes.
+        """
         fd = self.proc.stdout.fileno()
         with selectors.DefaultSelector() as sel:
             sel.register(fd, selectors.EVENT_READ)
-            while b"\n" not in self._buffer:
+            # only the newly read bytes are searched: a long answer costs its length, not its length squared
+            end = self._buffer.find(b"\n")
+            while end < 0:
+                if len(self._buffer) > cap:
+                    raise _AnswerTooLarge(len(self._buffer))
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError
                 if not sel.select(remaining):
                     continue
-                chunk = os.read(fd, 1 << 20)
+                chunk = os.read(fd, min(1 << 20, cap + 1 - len(self._buffer)))
                 if not chunk:
                     return None
+                found = chunk.find(b"\n")
+                if found >= 0:
+                    end = len(self._buffer) + found
                 self._buffer += chunk
-                if len(self._buffer) > cap and b"\n" not in self._buffer:
-                    raise OverflowError
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
+        if end > cap:
+            raise _AnswerTooLarge(end)
+        line = self._buffer[:end]
+        del self._buffer[: end + 1]
         return line
 
     def exit_reason(self) -> str:
@@ -418,6 +465,10 @@ class PluginSource:
         self._failure: str | None = None
         self._dropped: list[int] = []
         self._ids = 0
+        # which worker an environment's handle belongs to: a worker killed for an oversized answer is replaced,
+        # and handles of the new one count from 1 again
+        self.generation = 0
+        self._lost: str | None = None
         self._owner = os.getpid()
         self._cell: list[_Worker | None] = [None]  # the finaliser's view of the worker (it must not hold self)
         weakref.finalize(self, PluginSource._shutdown, self._cell)
@@ -460,6 +511,8 @@ class PluginSource:
         if not found.ok:
             raise SandboxUnavailable(f"plugin {self.ref} runs only behind the sandbox: {found.reason}")
         self._worker = _Worker(self._spec())
+        self.generation += 1
+        self._dropped, self._lost = [], None
         self._owner = os.getpid()
         self._cell[0] = self._worker
         try:
@@ -471,7 +524,7 @@ class PluginSource:
 
     def describe(self) -> _Description:
         with self._lock:
-            if self._description is None:
+            if self._description is None or self._worker is None:
                 self._check()
                 self._start()
             return self._description
@@ -493,6 +546,16 @@ class PluginSource:
         self._fail(reason)
         raise PluginError(f"plugin {self.ref}: {self._failure}") from None
 
+    def _replace(self, reason: str) -> NoReturn:
+        """Kills the worker for one bad answer; the next request starts a fresh one (environments of this one
+        are lost with it and say so)."""
+        self._lost = reason
+        worker, self._worker = self._worker, None
+        self._cell[0] = None
+        if worker is not None:
+            worker.close()
+        raise PluginError(f"plugin {self.ref}: {reason}") from None
+
     @staticmethod
     def _shutdown(cell: list) -> None:
         if cell[0] is not None:
@@ -504,18 +567,28 @@ class PluginSource:
         with self._lock:
             self._fail("closed")
 
-    def release(self, handle: int) -> None:
+    def release(self, handle: int, generation: int | None = None) -> None:
         """Forget an environment of this source (sent to the worker with the next request; safe in a finaliser)."""
-        self._dropped.append(handle)
+        if generation is None or generation == self.generation:
+            self._dropped.append(handle)
 
     # requests ------------------------------------------------------------------------------------------------
-    def request(self, op: str, **fields: Any) -> Any:
+    def request(self, op: str, *, generation: int | None = None, **fields: Any) -> Any:
         """Send one request to the worker and return its answer's value.
 
+        Args:
+            generation: The worker an environment's handle belongs to (``PluginSource.generation`` when it was
+                opened); a request for a worker since replaced is refused.
+
         Raises:
-            PluginError: the worker answered with an error, or it failed (then the source is failed for good).
+            PluginError: the worker answered with an error, or it failed (then the source is failed for good),
+                or its answer was over ``PluginLimits.max_answer_bytes`` (then that worker is replaced).
         """
         with self._lock:
+            if generation is not None and (generation != self.generation or self._worker is None):
+                self._check()
+                raise PluginError(f"plugin {self.ref}: this environment was lost with the worker that held it "
+                                  f"({self._lost or 'replaced'}); open a new one")
             self.describe()
             return self._exchange({"op": op, **fields}, self.limits.call_timeout_s)
 
@@ -539,8 +612,11 @@ class PluginSource:
             answer = worker.receive(time.monotonic() + timeout, self.limits.max_answer_bytes)
         except TimeoutError:
             self._die(f"did not answer {op} within {timeout:g} s (worker killed)")
-        except OverflowError:
-            self._die(f"answer to {op} exceeds {self.limits.max_answer_bytes} bytes (worker killed)")
+        except _AnswerTooLarge as exc:
+            cap = self.limits.max_answer_bytes
+            self._replace(f"answer to {op} exceeds {cap} bytes: it answered {exc.received:,}+ bytes, over the cap "
+                          f"of {size_text(cap)} (PluginLimits.max_answer_bytes); worker killed, the next request "
+                          "starts a new one")
         except (BrokenPipeError, ConnectionResetError, ValueError):
             answer = None
         if answer is None:
@@ -553,7 +629,7 @@ class PluginSource:
         except (ValueError, RecursionError):
             reply = None
         if not isinstance(reply, dict) or reply.get("id") != message["id"] or not isinstance(reply.get("ok"), bool):
-            self._die(f"malformed answer to {op}: {answer[:200]!r} (worker killed)")
+            self._die(f"malformed answer to {op}: {bytes(answer[:200])!r} (worker killed)")
         if not reply["ok"]:
             raise PluginError(f"plugin {self.ref}: {str(reply.get('error'))[:2000]}")
         return reply.get("value")
@@ -605,7 +681,8 @@ class PluginEnvironment:
         self._keys = description.keys
         self._validators = description.validators
         self._closed = False
-        self._finalizer = weakref.finalize(self, self.source.release, self.handle)
+        self.generation = self.source.generation
+        self._finalizer = weakref.finalize(self, self.source.release, self.handle, self.generation)
 
     def __repr__(self) -> str:
         return f"PluginEnvironment({self.source.ref!r}, seed={self.seed}, handle={self.handle})"
@@ -613,7 +690,7 @@ class PluginEnvironment:
     def _ask(self, op: str, **fields: Any) -> Any:
         if self._closed:
             raise PluginError(f"plugin {self.source.ref}: environment {self.handle} is closed")
-        return self.source.request(op, h=self.handle, **fields)
+        return self.source.request(op, generation=self.generation, h=self.handle, **fields)
 
     @functools.cached_property
     def initial_state_hash(self) -> str:

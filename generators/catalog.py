@@ -20,7 +20,8 @@ Whatever the file holds, an import returns or raises :class:`CatalogError`, neve
   OpenAPI ``$ref``s are inlined (each target is expanded once, so fanned-out references cost their size,
   not 2**depth copies), and a file's operations to at most :data:`EXPANSION_FACTOR` times the documents;
 - nothing is ever fetched: an OpenAPI ``$ref`` resolves inside its document or in another file under the root
-  document's folder (at most :data:`MAX_FILES` of them), never a URL; a function spec's ``$ref`` must resolve
+  document's folder (at most :data:`MAX_FILES` of them, each a regular file of at most :data:`MAX_FILE_BYTES`),
+  never a URL; a function spec's ``$ref`` must resolve
   inside its own schema; and validators built from the imported schemas (:func:`envs.base.argument_validator`)
   refuse retrieval as well.
 
@@ -55,6 +56,7 @@ import referencing.exceptions
 import referencing.jsonschema
 
 from envs.base import NO_RETRIEVAL
+from sandbox import FileRefused, read_capped
 from schemas import TABLES, Tool
 from storage.external import bfcl_file
 
@@ -80,6 +82,9 @@ EXPANSION_FACTOR = 10
 one tool's worth): many operations that share one large definition cannot multiply it (real specs: < 1×)."""
 MAX_FILES = 256
 """Files one OpenAPI description may read through relative ``$ref``s, its own included."""
+MAX_FILE_BYTES = 64 << 20
+"""Largest catalog file read (real specs: GitHub's REST description, one of the largest, is ~12 MB of JSON);
+checked from its size before it is read, so a sparse file of 20 GB is refused at once."""
 MAX_NAME = 64
 """Longest tool name the OpenAI API accepts."""
 
@@ -488,7 +493,9 @@ class _Files:
 
 def _read_bytes(path: Path) -> bytes:
     try:
-        return path.read_bytes()
+        return read_capped(path, MAX_FILE_BYTES, what="a catalog file (generators.catalog.MAX_FILE_BYTES)")
+    except FileRefused as e:  # a 20 GB sparse file, /dev/zero, a FIFO: refused before a byte is read
+        raise CatalogError(f"{path.name}: {e.reason}") from None
     except OSError as e:
         raise CatalogError(
             f"{path.name}: cannot be read ({e.strerror or e}); check the path and its permissions") from None

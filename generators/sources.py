@@ -44,6 +44,7 @@ from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph, domain_graph
 from generators.llm import RequestCache
 from generators.llm_agents import replayed_tool
+from sandbox import FileCaps, FileRefused, hash_tree
 
 
 class SourceError(RuntimeError):
@@ -216,6 +217,7 @@ class ModuleSource(_GraphFromEnvironment):
         self.name = source_name(source)
         try:
             self.plugin = resolve_domain(source.ref, search_path=search_path(source), name=self.name)
+            self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
         except Exception as exc:  # the plugin is untrusted: any failure to start it is its failure, reported
             raise SourceError(f"module {source.ref}: {exc}") from None
 
@@ -287,31 +289,47 @@ def search_path(source: EnvironmentSource) -> list[str]:
     return [str(Path(source.path).resolve()), *sys.path] if source.path else list(sys.path)
 
 
+STATE_CAPS = FileCaps(file_bytes=1 << 30, total_bytes=1 << 30, files=100_000, depth=64)
+"""What an MCP server's state folder (or an overlay) may hold for this process to hash it into the run's id."""
+
+
 def content_hash(source: EnvironmentSource) -> str:
-    """What a run's identity must change with when the user edits their source."""
+    """What a run's identity must change with when the user edits their source.
+
+    The user's files are read as untrusted data (``sandbox.files``): streamed, capped, links counted by their
+    target's name and never followed.
+
+    Raises:
+        SourceError: the plugin's package, the state folder or the overlay is over its caps (the message names
+            the file and the cap).
+    """
     digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{source.overlay}".encode())
-    paths: list[Path] = []
+    paths: list[tuple[Path, str]] = []
     if source.kind == "catalog":
         try:
             digest.update(import_catalog(Path(source.ref)).content_hash.encode())
-        except (CatalogError, OSError):
-            paths.append(Path(source.ref))  # opening it will report the problem; the id still must be stable
+        except (CatalogError, OSError):  # opening it will report the problem; the id still must be stable
+            paths.append((Path(source.ref), ""))
     elif source.kind == "module":
         from envs.registry import plugin_content_hash
 
-        digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
+        try:
+            digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
+        except FileRefused as exc:
+            raise SourceError(f"module {source.ref}: {exc}") from None
     if source.state:
-        paths.append(Path(source.state))
+        paths.append((Path(source.state), "the state folder"))
     if source.overlay:
-        paths.append(Path(source.overlay))
-    for root in paths:
-        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-        for f in files:
-            digest.update(os.fsencode(f.relative_to(root) if root.is_dir() else f.name))
-            try:
-                digest.update(f.read_bytes())
-            except OSError as exc:
-                digest.update(str(exc).encode())
+        paths.append((Path(source.overlay), "the overlay"))
+    for root, what in paths:
+        try:
+            hash_tree(root, digest, caps=STATE_CAPS, what=what or "the catalog")
+        except FileRefused as exc:
+            if what:
+                raise SourceError(f"{source.kind} {source.ref!r}: {exc}") from None
+            digest.update(str(exc).encode())  # a catalog: its import refuses it the same way, with this line
+        except OSError as exc:
+            digest.update(str(exc).encode())
     return digest.hexdigest()[:16]
 
 
