@@ -17,7 +17,10 @@ site-packages: a plugin that imports a library of its own must list it in ``Plug
 Every failure of the plugin surfaces as :class:`PluginError` naming it (``plugin bookshop.domain:Bookshop:
 populate(seed=0) failed: ...``): an import that fails, a generator that raises, a worker that dies (exit,
 segfault, a limit) or does not answer in time. A tool that raises is not a failure of the environment: as
-in-process, the call returns ``(None, "Internal error in tool ...")``.
+in-process, the call returns ``(None, "Internal error in tool ...")``. An answer is read no further than
+``PluginLimits.max_answer_bytes``: past it that request fails, its worker is killed and the next request starts a
+new one (the environments of the old one say they were lost), so one oversized answer costs one call, not the
+source. The package itself is hashed as untrusted data (``sandbox.files``): capped, streamed, links not followed.
 """
 
 from __future__ import annotations
