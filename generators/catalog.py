@@ -1720,6 +1720,10 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False, branch: bool =
                 out["type"] = mapped
         elif key == "optional":
             continue
+        elif key in ("$recursiveAnchor", "$recursiveRef"):
+            # 2019-09's: draft 2020-12, by which tools are validated, does not know them (its metaschema even
+            # refuses a boolean $recursiveAnchor), so they never constrained a value here; dropped, not refused
+            continue
         elif key in _SCHEMA_MAPS:
             if not isinstance(value, dict):
                 raise _FieldError(sub, f"expected an object mapping names to schemas, got {_show(value)}")
