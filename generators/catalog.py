@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -1224,7 +1225,7 @@ def _operation_tool(
     body_kind, media = None, None
     body = op.get("requestBody")
     if body is not None:
-        body = refs.inline(body, "requestBody", op_base)
+        body = refs.inline(*_without_examples(refs, body, "requestBody", op_base))
         if not isinstance(body, dict):
             raise _FieldError("requestBody", f"expected a request body object, got {_show(body)}")
         if not isinstance(body.get("required", False), bool):
@@ -1310,7 +1311,7 @@ def _responses(files: _Files, op: dict, base: str, budget: _Budget,
     returns, schemas, links = None, {}, []
     for code in sorted(codes, key=lambda c: (c not in first[:1], c)):
         refs = _RefResolver(files, budget, cutoff)
-        response = refs.inline(responses[code], f"responses.{code}", base)
+        response = refs.inline(*_without_examples(refs, responses[code], f"responses.{code}", base))
         if not isinstance(response, dict):
             raise _FieldError(f"responses.{code}", f"expected a response object, got {_show(response)}")
         schema = _content_schema(response.get("content"), f"responses.{code}.content")[1]
@@ -1331,6 +1332,19 @@ def _responses(files: _Files, op: dict, base: str, budget: _Budget,
                               **{k: link[k] for k in ("operationId", "operationRef", "parameters", "requestBody")
                                  if k in link}})
     return returns, schemas, links
+
+
+def _without_examples(refs: _RefResolver, node: Any, field: str, base: str) -> tuple[Any, str, str]:
+    """A request body or response (looked up if a ``$ref``) without its media types' ``examples``/``example``:
+    arguments for :meth:`_RefResolver.inline`. Examples are not imported, and a real description's can be
+    larger once inlined than every schema of the operation (Azure's refer to whole recorded responses)."""
+    node, base = refs.follow(node, field, base)
+    content = node.get("content") if isinstance(node, dict) else None
+    if isinstance(content, dict):
+        content = {m: {k: v for k, v in media.items() if k not in ("examples", "example")}
+                   if isinstance(media, dict) else media for m, media in content.items()}
+        node = {**node, "content": content}
+    return node, field, base
 
 
 def _check_parameter(param: Any, at: str, scope: str) -> None:
@@ -1720,6 +1734,10 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False, branch: bool =
                 out["type"] = mapped
         elif key == "optional":
             continue
+        elif key == "pattern" and isinstance(value, str) and not _compiles(value):
+            # another engine's syntax (AWS's Java \p{Print}, \z): validation here runs Python's re, which would
+            # refuse every value; kept for the reader as x-pattern, not enforced
+            out["x-pattern"] = value
         elif key in ("$recursiveAnchor", "$recursiveRef"):
             # 2019-09's: draft 2020-12, by which tools are validated, does not know them (its metaschema even
             # refuses a boolean $recursiveAnchor), so they never constrained a value here; dropped, not refused
@@ -1768,6 +1786,15 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False, branch: bool =
                     f"{field}.required", f"names undefined property {_show(name)}; add it to properties or drop it"
                 )
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return False
+    return True
 
 
 _OPEN_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "then", "else",
