@@ -1019,9 +1019,8 @@ def _swagger2(doc: dict, file: str) -> dict[str, Any]:
                 converted["parameters"] = own
                 own = []
             # an operation's own parameter replaces the path item's of the same name and place
-            mine = {(p.get("in"), p.get("name")) for p in own or [] if isinstance(p, dict)}
-            inherited = [p for p in (common if isinstance(common, list) else [])
-                         if not (isinstance(p, dict) and (p.get("in"), p.get("name")) in mine)]
+            mine = {_swagger_key(p) for p in own or []} - {None}
+            inherited = [p for p in (common if isinstance(common, list) else []) if _swagger_key(p) not in mine]
             body_params = [p for p in [*inherited, *(own or [])] if _swagger_in_body(p)]
             kept = [_swagger_parameter(p) for p in own or [] if not _swagger_in_body(p)]
             if kept:
@@ -1097,6 +1096,13 @@ def _swagger_params(plist: Any, shared: dict[str, Any]) -> Any:
                 p = shared[name]
         out.append(p)
     return out
+
+
+def _swagger_key(param: Any) -> tuple[str, str] | None:
+    """What makes a parameter the same as another (its place and name), if it says both as strings."""
+    if isinstance(param, dict) and isinstance(param.get("in"), str) and isinstance(param.get("name"), str):
+        return param["in"], param["name"]
+    return None
 
 
 def _swagger_in_body(param: Any) -> bool:
