@@ -45,7 +45,7 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"'[^']*'|\"[^\"]*\"|\d[\d,]*", "…", problem)[:90]
 
 
-def _load(path: Path) -> Any:
+def load_document(path: Path) -> Any:
     text = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix.lower() == ".json":
         return json.loads(text)
@@ -62,7 +62,7 @@ def count_operations(path: Path, doc: Any) -> int:
         if isinstance(item, dict) and isinstance(item.get("$ref"), str):
             target, _, pointer = item["$ref"].partition("#")
             try:
-                node = _load(path.parent / target) if target else doc
+                node = load_document(path.parent / target) if target else doc
                 for part in (pointer.strip("/").split("/") if pointer.strip("/") else ()):
                     node = node[part.replace("~1", "/").replace("~0", "~")]
                 item = node
@@ -76,7 +76,7 @@ def count_operations(path: Path, doc: Any) -> int:
 
 def is_description(path: Path) -> bool:
     try:
-        doc = _load(path)
+        doc = load_document(path)
     except Exception:  # noqa: BLE001 - not a document at all: not a description to measure
         return False
     return isinstance(doc, dict) and ("openapi" in doc or "swagger" in doc) and "paths" in doc
@@ -87,7 +87,7 @@ def measure(path: Path) -> dict:
                            "skipped": 0, "reasons": {}, "seconds": 0.0, "error": None, "crash": None,
                            "environment": None}
     try:
-        doc = _load(path)
+        doc = load_document(path)
         row["format"] = f"swagger {doc['swagger']}" if "swagger" in doc else f"openapi {doc.get('openapi')}"
         row["operations"] = count_operations(path, doc)
     except Exception as exc:  # noqa: BLE001

@@ -24,7 +24,7 @@ from generators.catalog import import_catalog
 from storage.external import shared_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from import_coverage import count_operations  # noqa: E402
+from import_coverage import count_operations, load_document  # noqa: E402
 
 CATALOGS = shared_root() / "catalogs" / "openapi"
 REAL = sorted(p for p in CATALOGS.rglob("*") if p.suffix in (".json", ".yaml")) if CATALOGS.is_dir() else []
@@ -53,9 +53,7 @@ def ok(schema: object = None) -> dict:
 @pytest.mark.skipif(not CATALOGS.is_dir() and not os.environ.get("CI"), reason="../shared/catalogs is not there")
 @pytest.mark.parametrize("path", REAL, ids=[p.name for p in REAL])
 def test_every_shared_description_imports_nearly_whole_with_reasons(path):
-    from import_coverage import _load  # noqa: PLC0415
-
-    declared = count_operations(path, _load(path))
+    declared = count_operations(path, load_document(path))
     result = import_catalog(path)
     assert all(reason for _, reason in result.skipped)
     assert len(result.tools) + len(result.skipped) == declared  # nothing dropped without a word
