@@ -213,3 +213,25 @@ def test_other_swagger_versions_are_refused_in_one_line(tmp_path, version):
     with pytest.raises(CatalogError, match="only Swagger 2.0") as caught:
         import_catalog(write(tmp_path, "old.json", {"swagger": version, "paths": {}}))
     assert "\n" not in str(caught.value)
+
+
+def test_a_pattern_python_cannot_compile_is_kept_unenforced(tmp_path):
+    # AWS's descriptions write Java's regular expressions
+    name = {"name": "Target", "in": "query", "schema": {"type": "string", "pattern": "\\A\\S[\\p{Print}]*\\z"}}
+    paths = {"/things": {"get": {"operationId": "listThings", "parameters": [name], "responses": ok()}}}
+    result = import_catalog(write(tmp_path, "api.json", doc(paths)))
+    assert result.skipped == []
+    assert result.tools[0].parameters["properties"]["Target"] == {"type": "string", "x-pattern": "\\A\\S[\\p{Print}]*\\z"}
+
+
+def test_examples_that_refer_to_large_payloads_are_left_out(tmp_path):
+    # Azure's examples $ref a recorded response that repeats a large definition: larger than the schemas
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(100)}}
+    payload = {"items": [{"$ref": "#/components/schemas/Big"} for _ in range(300)]}
+    response = {"200": {"description": "ok", "content": {"application/json": {
+        "schema": {"$ref": "#/components/schemas/Big"},
+        "examples": {"recorded": {"$ref": "#/components/examples/Recorded"}}}}}}
+    paths = {"/things": {"get": {"operationId": "getThing", "responses": response}}}
+    components = {"schemas": {"Big": big}, "examples": {"Recorded": {"value": payload}}}
+    result = import_catalog(write(tmp_path, "api.json", doc(paths, components=components)))
+    assert result.skipped == [] and result.tools[0].returns["title"] == "Big"
