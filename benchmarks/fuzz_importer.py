@@ -4,7 +4,7 @@
 
 The documents come from a seeded ``random.Random`` (not hypothesis, so this run also covers what the test
 suite's strategies do not generate): real specs from ``../shared/catalogs`` (every OAI example, a slice of each
-Twilio API), BFCL questions and OpenAI tools with one to four values replaced, deleted, nested 70 deep or turned
+Twilio API and of Slack's Swagger 2.0), BFCL questions and OpenAI tools with one to four values replaced, deleted, nested 70 deep or turned
 into a ``$ref``; the same texts with bytes cut, inserted or replaced; random JSON trees of schema and OpenAPI
 keywords inside each format's wrapper; and random YAML text with anchors, aliases, tags and merge keys. Half of
 the structured documents are written as YAML. Every ``$ref`` that leaves a document points at a counting HTTP
@@ -77,6 +77,9 @@ def real_specs() -> list[tuple[str, Any]]:
     for path in sorted((shared_root() / "catalogs" / "openapi" / "twilio").glob("*.json")):
         doc = json.loads(path.read_text())
         specs.append((path.name, sliced(doc, list(doc["paths"])[:3])))
+    slack = json.loads((shared_root() / "catalogs" / "openapi" / "slack" / "slack_web_openapi_v2.json").read_text())
+    specs.append(("slack_web_openapi_v2.json", sliced(slack, ["/chat.postMessage", "/conversations.info",
+                                                              "/files.upload"])))
     for category in ("simple_python", "multiple", "parallel_multiple"):
         with bfcl_file(default_bfcl_root(), category).open() as lines:
             specs.append((f"BFCL_v4_{category}.json", [json.loads(next(lines)) for _ in range(3)]))
@@ -88,8 +91,9 @@ def real_specs() -> list[tuple[str, Any]]:
 
 
 def sliced(doc: dict, routes: list[str]) -> dict:
-    """``doc`` cut down to ``routes`` and the components their ``$ref``s reach."""
+    """``doc`` cut down to ``routes`` and the components (Swagger 2: definitions) their ``$ref``s reach."""
     kept: dict[str, dict[str, Any]] = {}
+    definitions: dict[str, Any] = {}
     todo = [doc["paths"][r] for r in routes]
     while todo:
         node = todo.pop()
@@ -100,9 +104,16 @@ def sliced(doc: dict, routes: list[str]) -> dict:
                 if key not in kept.setdefault(group, {}):
                     kept[group][key] = doc["components"][group][key]
                     todo.append(kept[group][key])
+            elif isinstance(ref, str) and ref.startswith("#/definitions/"):
+                key = ref.split("/", 2)[2]
+                if key not in definitions:
+                    definitions[key] = doc["definitions"][key]
+                    todo.append(definitions[key])
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
+    if "swagger" in doc:
+        return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "definitions": definitions}
     return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "components": kept}
 
 

@@ -1093,7 +1093,8 @@ def domain_from_tools(
                     f"overlay: {op.label} ({op.tool.name}) names resource {op.target!r}, "
                     f"which is not one of {', '.join(sorted(by_table)) or 'none'}; use one of them or kind: skip")
             op.resource = target
-    for r in resources.values():
+    # parents first: a child's foreign key copies its parent's key column, which _resource_schema makes
+    for r in sorted(resources.values(), key=lambda r: len(r.chain())):
         _resource_schema(r, ops)
     for op in ops:
         if op.kind not in KINDS:

@@ -34,6 +34,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -80,8 +81,12 @@ checking a schema against the metaschema costs ~0.1 ms a value, so this bounds o
 EXPANSION_FACTOR = 10
 """All of an OpenAPI file's operations together may expand to this many times the documents' own values (plus
 one tool's worth): many operations that share one large definition cannot multiply it (real specs: < 1×)."""
-MAX_FILES = 256
-"""Files one OpenAPI description may read through relative ``$ref``s, its own included."""
+MAX_FILES = 10_000
+"""Files one OpenAPI description may read through relative ``$ref``s, its own included (real multi-file
+descriptions: a few hundred, one per path item and schema)."""
+MAX_BYTES = 64 * 2**20
+"""Bytes the files an OpenAPI description refers to may hold together (the root file is bounded by
+``MAX_VALUES``): ten thousand small files read, a folder of data dumps refused."""
 MAX_FILE_BYTES = 64 << 20
 """Largest catalog file read (real specs: GitHub's REST description, one of the largest, is ~12 MB of JSON);
 checked from its size before it is read, so a sparse file of 20 GB is refused at once."""
@@ -177,6 +182,11 @@ class _FieldError(Exception):
         self.field, self.problem = field, problem
 
 
+class _TooBig(_FieldError):
+    """A schema too deep or too large once its ``$ref``s are inlined: the operation is tried again with the
+    references below some depth left out (see :func:`_bounded_operation`)."""
+
+
 _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 60, 60, 3
 
@@ -235,7 +245,7 @@ def import_catalog(
         path: A JSON, JSON-lines or (if PyYAML is installed) YAML file: an OpenAI ``tools`` list (or
             ``{"tools": [...]}``), a list of ``{name, description, parameters}`` specs, a BFCL question file, an
             MCP ``tools/list`` result (``{"tools": [{name, inputSchema, ...}]}``, a bare list of such, or the
-            JSON-RPC response holding it), or an OpenAPI 3 document (whose relative ``$ref``s may name other
+            JSON-RPC response holding it), or an OpenAPI 3 or Swagger 2.0 document (whose relative ``$ref``s may name other
             files under its folder).
         format: ``"auto"`` detects the format from the content; or one of ``"openai"``, ``"jsonschema"``,
             ``"bfcl"``, ``"openapi"``, ``"mcp"``.
@@ -248,7 +258,7 @@ def import_catalog(
 
     Raises:
         CatalogError: If the file as a whole cannot be read (not there, not UTF-8, not JSON or YAML, a
-            Swagger 2 document, not a list of tools), or with ``strict=True`` if any tool has a problem. No
+            Swagger document other than 2.0, not a list of tools), or with ``strict=True`` if any tool has a problem. No
             other exception comes out of a file's content.
         ValueError: If ``format`` is not one of the formats above (a caller's mistake, not the file's).
     """
@@ -435,6 +445,7 @@ class _Files:
         self.docs: dict[str, Any] = {}
         self.digests: dict[str, str] = {}
         self.failed: dict[str, str] = {}
+        self.bytes = 0
         self.on_load: Callable[[int], None] | None = None
 
     def root(self) -> Any:
@@ -443,6 +454,7 @@ class _Files:
 
     def _read(self, path: Path, key: str) -> Any:
         raw = _read_bytes(path)
+        self.bytes += len(raw) if key != self.key else 0
         self.digests[key] = hashlib.sha256(raw).hexdigest()
         return _parse(path, raw)
 
@@ -479,8 +491,12 @@ class _Files:
             raise _FieldError(field, self.failed[key])
         if key not in self.docs:
             if len(self.docs) >= MAX_FILES:
-                raise _FieldError(field, f"{_show(ref)}{written}: the description reads more than {MAX_FILES} files; "
-                                         "bundle it into fewer")
+                raise _FieldError(field, f"{_show(ref)}{written}: the description reads more than {MAX_FILES:,} "
+                                         "files; bundle it into fewer")
+            if self.bytes + _size(resolved) > MAX_BYTES:
+                raise _FieldError(field, f"{_show(ref)}{written}: the files the description refers to hold more than "
+                                         f"{MAX_BYTES // 2**20} MB together; bundle it, leaving out what is not "
+                                         "needed")
             try:
                 self.docs[key] = self._read(resolved, key)
             except CatalogError as e:
@@ -489,6 +505,13 @@ class _Files:
             if self.on_load is not None:
                 self.on_load(_extent(self.docs[key])[0])
         return key
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # reading it will say why
+        return 0
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -716,8 +739,8 @@ def _detect(data: Any, file: str) -> str:
     if isinstance(data, dict):
         if "openapi" in data:
             return "openapi"
-        if "swagger" in data:
-            raise CatalogError(f"{file}: field swagger: Swagger 2 is not supported; convert it to OpenAPI 3 first")
+        if "swagger" in data:  # read as the OpenAPI 3 document it converts to (_swagger2)
+            return "openapi"
         if isinstance(data.get("result"), dict) and "tools" in data["result"]:  # a JSON-RPC tools/list response
             return "mcp"
         if "tools" in data:
@@ -863,11 +886,14 @@ def _function_tool(spec: Any, *, domain: str, source: str) -> Tool:
 
 def _from_openapi(doc: Any, files: _Files, domain: str) -> tuple[list[Tool], Skipped, list[str]]:
     file = files.path.name
+    notes = []
+    if isinstance(doc, dict) and "swagger" in doc and "openapi" not in doc:
+        doc = files.docs[files.key] = _swagger2(doc, file)  # $refs into the root now resolve in the converted one
+        notes.append("a Swagger 2.0 document, read as the OpenAPI 3.0 document it converts to")
     try:
         _check(_OPENAPI_DOC, doc)
     except _FieldError as e:
         raise CatalogError(f"{file}: {e}") from None
-    notes = []
     hooks = doc.get("webhooks") or {}
     if hooks:
         notes.append(f"{len(hooks)} webhook(s) not imported ({_clip(', '.join(map(str, hooks)))}): the API calls "
@@ -906,19 +932,276 @@ def _from_openapi(doc: Any, files: _Files, domain: str) -> tuple[list[Tool], Ski
                 name = written or _operation_name(method, route)
                 label = f"operation {method.upper()} {_clip(route)} {_show(name)}"
                 entries.append((label, op, lambda o, r=route, m=method, i=item, b=base, n=name, w=written:
-                                _operation_tool(files, r, m, i, b, o, name=n, written=w, domain=domain,
-                                                source=source, budget=budget)))
+                                _bounded_operation(cut, files, r, m, i, b, o, name=n, written=w, domain=domain,
+                                                   source=source, budget=budget)))
+    cut: list[str] = []
+    budget.ops_left = len(entries)
     tools, more = _collect(entries)
+    if cut:
+        notes.append(f"{len(cut)} operation(s) nest named schemas too deeply or too widely to inline whole "
+                     f"({_clip(', '.join(cut))}): below {_CUTOFFS[0]} levels (or fewer) such a schema is left as "
+                     "any value, titled with its name")
     if callbacks:
         notes.append(f"{callbacks} callback(s) not imported: the API calls them, a client does not")
     return tools, skipped + more, notes
 
 
+# --- Swagger 2.0 -----------------------------------------------------------------------------------------------
+
+# What a Swagger 2 non-body parameter (or its items) says about its values: its schema in OpenAPI 3.
+_SWAGGER_SCHEMA = ("type", "format", "items", "default", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+                   "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "enum", "multipleOf")
+_SWAGGER_POINTERS = {"#/definitions/": "#/components/schemas/", "#/parameters/": "#/components/parameters/",
+                     "#/responses/": "#/components/responses/"}
+
+
+def _swagger2(doc: dict, file: str) -> dict[str, Any]:
+    """A Swagger 2.0 document as the OpenAPI 3.0 document it says the same as, for the importer to read.
+
+    ``host``/``basePath``/``schemes`` become ``servers``; ``definitions``, ``parameters`` and ``responses`` move
+    under ``components`` (and local ``$ref``s with them); ``in: body`` and ``in: formData`` parameters become the
+    operation's ``requestBody`` in each media type of ``consumes`` (form fields as one object schema); a
+    response's ``schema`` goes under ``content`` in each media type of ``produces``; ``type: file`` is a binary
+    string and ``x-nullable`` is ``nullable``. Whatever is malformed is passed on as written, for the importer
+    to report at its field.
+    """
+    if doc.get("swagger") != "2.0":
+        raise CatalogError(f"{file}: field swagger: {_show(doc.get('swagger'))} is not a version this importer "
+                           "reads; only Swagger 2.0 (and OpenAPI 3.x) are")
+    doc = _swagger_values(doc)
+
+    def media(scope: dict, key: str, default: list[str]) -> list[str]:
+        listed = scope.get(key)
+        found = [m for m in listed if isinstance(m, str)] if isinstance(listed, list) else []
+        return found or default
+
+    consumes = media(doc, "consumes", ["application/json"])
+    produces = media(doc, "produces", ["application/json"])
+    shared = doc.get("parameters") if isinstance(doc.get("parameters"), dict) else {}
+    out: dict[str, Any] = {"openapi": "3.0.3"}
+    out.update({k: v for k, v in doc.items() if k in ("info", "tags", "externalDocs", "security") or k.startswith("x-")})
+    host, base = doc.get("host"), doc.get("basePath")
+    if isinstance(host, str) and host:
+        out["servers"] = [{"url": f"{media(doc, 'schemes', ['https'])[0]}://{host}{base if isinstance(base, str) else ''}"}]
+    elif isinstance(base, str) and base:
+        out["servers"] = [{"url": base}]
+    components: dict[str, Any] = {}
+    if isinstance(doc.get("definitions"), dict):
+        components["schemas"] = doc["definitions"]
+    if shared:
+        components["parameters"] = {k: _swagger_parameter(v) for k, v in shared.items() if not _swagger_in_body(v)}
+    if isinstance(doc.get("responses"), dict):
+        components["responses"] = {k: _swagger_response(v, produces) for k, v in doc["responses"].items()}
+    if components:
+        out["components"] = components
+    paths = doc.get("paths")
+    if not isinstance(paths, dict):
+        if paths is not None:
+            out["paths"] = paths  # the importer says what is wrong with it
+        return _swagger_refs(out)
+    out["paths"] = {}
+    for route, item in paths.items():
+        if not isinstance(item, dict):
+            out["paths"][route] = item
+            continue
+        common = _swagger_params(item.get("parameters"), shared)
+        new = {k: v for k, v in item.items() if k not in _HTTP_METHODS and k != "parameters"}
+        if isinstance(common, list):
+            kept = [_swagger_parameter(p) for p in common if not _swagger_in_body(p)]
+            if kept:
+                new["parameters"] = kept
+        elif common is not None:
+            new["parameters"] = common
+        for method in _HTTP_METHODS:
+            if method not in item:
+                continue
+            op = item[method]
+            if not isinstance(op, dict) or "$ref" in op:
+                new[method] = op
+                continue
+            converted = {k: v for k, v in op.items() if k not in ("parameters", "consumes", "produces", "schemes",
+                                                                   "responses")}
+            own = _swagger_params(op.get("parameters"), shared)
+            if own is not None and not isinstance(own, list):
+                converted["parameters"] = own
+                own = []
+            # an operation's own parameter replaces the path item's of the same name and place
+            mine = {_swagger_key(p) for p in own or []} - {None}
+            inherited = [p for p in (common if isinstance(common, list) else []) if _swagger_key(p) not in mine]
+            body_params = [p for p in [*inherited, *(own or [])] if _swagger_in_body(p)]
+            kept = [_swagger_parameter(p) for p in own or [] if not _swagger_in_body(p)]
+            if kept:
+                converted["parameters"] = kept
+            body = _swagger_body(body_params, media(op, "consumes", consumes))
+            if body is not None:
+                converted["requestBody"] = body
+            responses = op.get("responses")
+            if isinstance(responses, dict):
+                converted["responses"] = {code: _swagger_response(r, media(op, "produces", produces))
+                                          for code, r in responses.items()}
+            elif responses is not None:
+                converted["responses"] = responses
+            new[method] = converted
+        out["paths"][route] = new
+    return _swagger_refs(out)
+
+
+def _swagger_values(doc: Any) -> Any:
+    """A copy of ``doc`` with Swagger's own schema words in OpenAPI 3.0's: ``type: file``, ``x-nullable``."""
+    holder: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(doc, holder, 0)]
+    while stack:
+        value, parent, key = stack.pop()
+        if isinstance(value, dict):
+            copy: Any = {}
+            for k, v in value.items():
+                if k == "type" and v == "file":
+                    copy["type"], copy["format"] = "string", "binary"
+                elif k == "x-nullable" and isinstance(v, bool):
+                    copy.setdefault("nullable", v)
+                elif k not in copy:
+                    copy[k] = None
+                    stack.append((v, copy, k))
+        elif isinstance(value, list):
+            copy = [None] * len(value)
+            stack.extend((v, copy, i) for i, v in enumerate(value))
+        else:
+            copy = value
+        parent[key] = copy
+    return holder[0]
+
+
+def _swagger_refs(doc: dict[str, Any]) -> dict[str, Any]:
+    """Local ``$ref``s rewritten to where the conversion moved their targets (in place; ``doc`` is a copy)."""
+    stack: list[Any] = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for old, new in _SWAGGER_POINTERS.items():
+                    if ref.startswith(old):
+                        node["$ref"] = new + ref[len(old):]
+                        break
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return doc
+
+
+def _swagger_params(plist: Any, shared: dict[str, Any]) -> Any:
+    """A parameter list with local ``$ref``s to ``#/parameters/`` looked up where they name a body or form
+    parameter (which must be seen to be moved into the body), or the value as written when not a list."""
+    if not isinstance(plist, list):
+        return plist
+    out = []
+    for p in plist:
+        ref = p.get("$ref") if isinstance(p, dict) else None
+        if isinstance(ref, str) and ref.startswith("#/parameters/"):
+            name = unquote(ref[len("#/parameters/"):]).replace("~1", "/").replace("~0", "~")
+            if _swagger_in_body(shared.get(name)):
+                p = shared[name]
+        out.append(p)
+    return out
+
+
+def _swagger_key(param: Any) -> tuple[str, str] | None:
+    """What makes a parameter the same as another (its place and name), if it says both as strings."""
+    if isinstance(param, dict) and isinstance(param.get("in"), str) and isinstance(param.get("name"), str):
+        return param["in"], param["name"]
+    return None
+
+
+def _swagger_in_body(param: Any) -> bool:
+    return isinstance(param, dict) and param.get("in") in ("body", "formData") and "$ref" not in param
+
+
+def _swagger_parameter(param: Any) -> Any:
+    if not isinstance(param, dict) or "$ref" in param or "schema" in param:
+        return param
+    out = {k: v for k, v in param.items() if k in ("name", "in", "description", "required", "deprecated",
+                                                   "allowEmptyValue") or k.startswith("x-")}
+    out["schema"] = _swagger_schema(param)
+    return out
+
+
+def _swagger_schema(param: dict[str, Any]) -> dict[str, Any]:
+    schema = {k: param[k] for k in _SWAGGER_SCHEMA if k in param}
+    if isinstance(schema.get("items"), dict) and "$ref" not in schema["items"]:
+        schema["items"] = _swagger_schema(schema["items"])
+    return schema
+
+
+def _swagger_body(params: list[dict[str, Any]], consumes: list[str]) -> dict[str, Any] | None:
+    """The ``requestBody`` that a Swagger operation's ``body`` parameter or ``formData`` parameters make."""
+    body = next((p for p in params if p.get("in") == "body"), None)
+    if body is not None:
+        out = {"content": {m: {"schema": body.get("schema", {})} for m in consumes}}
+        out.update({k: body[k] for k in ("description", "required") if k in body})
+        return out
+    form = [p for p in params if p.get("in") == "formData" and isinstance(p.get("name"), str)]
+    if not form:
+        return None
+    binary = any(p.get("type") == "string" and p.get("format") == "binary" for p in form)
+    multipart = "multipart/form-data" in consumes and "application/x-www-form-urlencoded" not in consumes
+    schema: dict[str, Any] = {"type": "object", "properties": {}}
+    for p in form:
+        field = _swagger_schema(p)
+        if isinstance(p.get("description"), str):
+            field["description"] = p["description"]
+        schema["properties"][p["name"]] = field
+    needed = [p["name"] for p in form if p.get("required") is True]
+    if needed:
+        schema["required"] = needed
+    kind = "multipart/form-data" if binary or multipart else "application/x-www-form-urlencoded"
+    return {"content": {kind: {"schema": schema}}, "required": bool(needed)}
+
+
+def _swagger_response(response: Any, produces: list[str]) -> Any:
+    if not isinstance(response, dict) or "$ref" in response:
+        return response
+    out = {k: v for k, v in response.items() if k not in ("schema", "examples", "headers")}
+    out.setdefault("description", "")
+    if "schema" in response:
+        out["content"] = {m: {"schema": response["schema"]} for m in produces}
+    if isinstance(response.get("headers"), dict):
+        out["headers"] = {k: {"schema": _swagger_schema(h)} if isinstance(h, dict) else h
+                          for k, h in response["headers"].items()}
+    return out
+
+
+_CUTOFFS = (16, 8, 4, 2)
+"""Depths below which named schemas are left out when an operation is too big inlined whole, tried in turn."""
+
+
+def _bounded_operation(cut: list[str], files: _Files, *args: Any, budget: _Budget, **kwargs: Any) -> Tool:
+    """:func:`_operation_tool`, again with ever fewer levels of named schemas inlined if it is too big: a real
+    description (Stripe's: expandable fields within expandable fields) can nest its objects beyond any
+    bound once inlined, and the operation is worth more with its deep parts left open than not at all."""
+    left = budget.begin()
+    try:
+        return _operation_tool(files, *args, budget=budget, **kwargs)
+    except _TooBig as first:
+        for cutoff in _CUTOFFS:
+            budget.left = left  # what a refused attempt spent is not spent
+            budget.begin()
+            try:
+                tool = _operation_tool(files, *args, budget=budget, cutoff=cutoff, **kwargs)
+            except _TooBig:
+                continue
+            cut.append(tool.name)
+            return tool
+        budget.left = left
+        raise first
+    finally:
+        budget.ops_left -= 1
+
+
 def _operation_tool(
     files: _Files, route: str, method: str, item: dict, item_base: str, op: Any, *, name: str, written: str | None,
-    domain: str, source: str, budget: _Budget,
+    domain: str, source: str, budget: _Budget, cutoff: int | None = None,
 ) -> Tool:
-    refs = _RefResolver(files, budget)
+    refs = _RefResolver(files, budget, cutoff)
     op, op_base = refs.follow(op, method, item_base)
     if not isinstance(op, dict):
         raise _FieldError(method, f"expected an operation object, got {_show(op)}")
@@ -955,7 +1238,7 @@ def _operation_tool(
     body_kind, media = None, None
     body = op.get("requestBody")
     if body is not None:
-        body = refs.inline(body, "requestBody", op_base)
+        body = refs.inline(*_without_examples(refs, body, "requestBody", op_base))
         if not isinstance(body, dict):
             raise _FieldError("requestBody", f"expected a request body object, got {_show(body)}")
         if not isinstance(body.get("required", False), bool):
@@ -987,7 +1270,7 @@ def _operation_tool(
         parameters["required"] = required
     if defs := refs.definitions():
         parameters["$defs"] = defs
-    returns, responses, links = _responses(files, op, op_base, budget)
+    returns, responses, links = _responses(files, op, op_base, budget, cutoff)
     texts = dict.fromkeys(t for t in (op.get("summary"), op.get("description")) if isinstance(t, str) and t)
     hint = op.get("x-mutates", op.get("mutates"))
     return Tool(
@@ -1026,7 +1309,8 @@ def _argument(name: str, where: str, taken: dict[str, Any]) -> str:
     return _unique(f"{where}_{name}", set(taken))
 
 
-def _responses(files: _Files, op: dict, base: str, budget: _Budget) -> tuple[dict | None, dict, list]:
+def _responses(files: _Files, op: dict, base: str, budget: _Budget,
+               cutoff: int | None = None) -> tuple[dict | None, dict, list]:
     """``(returns, responses, links)`` of an operation: the 200/201 (else first 2xx) JSON schema, every declared
     2xx/4xx status with its schema (``None`` where it has none), and the response links."""
     responses = op.get("responses")
@@ -1039,8 +1323,8 @@ def _responses(files: _Files, op: dict, base: str, budget: _Budget) -> tuple[dic
                                                            ("200", "201")]
     returns, schemas, links = None, {}, []
     for code in sorted(codes, key=lambda c: (c not in first[:1], c)):
-        refs = _RefResolver(files, budget)
-        response = refs.inline(responses[code], f"responses.{code}", base)
+        refs = _RefResolver(files, budget, cutoff)
+        response = refs.inline(*_without_examples(refs, responses[code], f"responses.{code}", base))
         if not isinstance(response, dict):
             raise _FieldError(f"responses.{code}", f"expected a response object, got {_show(response)}")
         schema = _content_schema(response.get("content"), f"responses.{code}.content")[1]
@@ -1061,6 +1345,19 @@ def _responses(files: _Files, op: dict, base: str, budget: _Budget) -> tuple[dic
                               **{k: link[k] for k in ("operationId", "operationRef", "parameters", "requestBody")
                                  if k in link}})
     return returns, schemas, links
+
+
+def _without_examples(refs: _RefResolver, node: Any, field: str, base: str) -> tuple[Any, str, str]:
+    """A request body or response (looked up if a ``$ref``) without its media types' ``examples``/``example``:
+    arguments for :meth:`_RefResolver.inline`. Examples are not imported, and a real description's can be
+    larger once inlined than every schema of the operation (Azure's refer to whole recorded responses)."""
+    node, base = refs.follow(node, field, base)
+    content = node.get("content") if isinstance(node, dict) else None
+    if isinstance(content, dict):
+        content = {m: {k: v for k, v in media.items() if k not in ("examples", "example")}
+                   if isinstance(media, dict) else media for m, media in content.items()}
+        node = {**node, "content": content}
+    return node, field, base
 
 
 def _check_parameter(param: Any, at: str, scope: str) -> None:
@@ -1103,6 +1400,14 @@ class _Budget:
 
     def __init__(self, limit: int):
         self.limit, self.left = limit, limit
+        # operations not yet built, and what the one being built has spent and may spend: its fair share of
+        # what is left, so that the first operations' full expansions cannot leave the last ones nothing
+        self.ops_left, self.op_spent, self.op_limit = 1, 0, float("inf")
+
+    def begin(self) -> int:
+        """Start (or restart) an operation; returns what is left, to restore if the attempt is refused."""
+        self.op_spent, self.op_limit = 0, self.left / max(self.ops_left, 1)
+        return self.left
 
     def grow(self, values: int) -> None:
         """Another file of the description was read: its values may be expanded as the root's are."""
@@ -1111,8 +1416,13 @@ class _Budget:
 
     def spend(self, values: int, field: str) -> None:
         self.left -= values
+        self.op_spent += values
+        if self.op_spent > self.op_limit and self.left >= 0:
+            raise _TooBig(field, f"the operation expands to more than {int(self.op_limit):,} schema nodes once its "
+                                 f"$refs are inlined, its share of the {self.limit:,} the file's operations may "
+                                 f"expand to in all ({EXPANSION_FACTOR}× the document)")
         if self.left < 0:
-            raise _FieldError(field, f"the file's operations expand to more than {self.limit:,} schema nodes in all "
+            raise _TooBig(field, f"the file's operations expand to more than {self.limit:,} schema nodes in all "
                                      f"({EXPANSION_FACTOR}× the document) once their $refs are inlined; operations "
                                      "that share a large definition repeat it")
 
@@ -1138,8 +1448,8 @@ class _RefResolver:
         nodes: Values in everything inlined so far: the tool's schema once every ``$ref`` is replaced.
     """
 
-    def __init__(self, files: _Files, budget: _Budget):
-        self.files, self.budget = files, budget
+    def __init__(self, files: _Files, budget: _Budget, cutoff: int | None = None):
+        self.files, self.budget, self.cutoff = files, budget, cutoff
         self.nodes = 0
         self._names: dict[str, str] = {}  # recursive ref -> its $defs name
         self._defs: dict[str, Any] = {}
@@ -1212,6 +1522,10 @@ class _RefResolver:
         if len(stack) >= MAX_DEPTH:
             raise _FieldError(
                 f"{field}.$ref", f"more than {MAX_DEPTH} $refs lead from one to the next; shorten the chain")
+        if self.cutoff is not None and depth >= self.cutoff and _entity_name(canonical, self.files.key):
+            # a named schema this deep stays out: any value, titled with what it would have been
+            stub = {"title": _entity_name(canonical, self.files.key), **rest}
+            return stub, size + 1, max(height, 0) + 1
         if canonical not in self._memo:
             value, tsize, theight = self._inline(target, f"{field}.$ref", (*stack, canonical), depth, key)
             entity = _entity_name(canonical, self.files.key)
@@ -1232,7 +1546,7 @@ class _RefResolver:
 
     def _within(self, size: int, field: str) -> int:
         if size > MAX_SCHEMA_NODES:
-            raise _FieldError(field, f"the schema expands beyond {MAX_SCHEMA_NODES:,} nodes once its $refs are "
+            raise _TooBig(field, f"the schema expands beyond {MAX_SCHEMA_NODES:,} nodes once its $refs are "
                                      "inlined (references that fan out repeat their targets); simplify the schema")
         return size
 
@@ -1244,7 +1558,7 @@ class _RefResolver:
     @staticmethod
     def _fits(height: int, depth: int, field: str) -> None:
         if depth + height > MAX_DEPTH:
-            raise _FieldError(field, f"the schema nests deeper than {MAX_DEPTH} levels once its $refs are inlined; "
+            raise _TooBig(field, f"the schema nests deeper than {MAX_DEPTH} levels once its $refs are inlined; "
                                      "flatten it")
 
     def _def_name(self, ref: str) -> str:
@@ -1329,9 +1643,9 @@ def _schema(schema: Any, field: str, *, openapi: bool = False, normalized: bool 
         raise _FieldError(field, f"expected a schema object, got {_show(out)}")
     size, height = _extent(out)
     if size > MAX_SCHEMA_NODES:
-        raise _FieldError(field, f"the schema has more than {MAX_SCHEMA_NODES:,} nodes; simplify it")
+        raise _TooBig(field, f"the schema has more than {MAX_SCHEMA_NODES:,} nodes; simplify it")
     if height > MAX_DEPTH:
-        raise _FieldError(field, f"the schema nests deeper than {MAX_DEPTH} levels; flatten it")
+        raise _TooBig(field, f"the schema nests deeper than {MAX_DEPTH} levels; flatten it")
     text = json.dumps(out, sort_keys=True)
     if text in _CHECKED:  # the same schema again (an API's operations share result schemas): checked already
         return out
@@ -1409,7 +1723,7 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
-def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
+def _normalize(schema: Any, field: str, *, openapi: bool = False, branch: bool = False) -> Any:
     """A copy of ``schema`` in standard JSON Schema (draft 2020-12).
 
     BFCL's type names (Python's, Java's, JavaScript's) are mapped and its ``optional`` marker dropped; OpenAPI
@@ -1433,6 +1747,14 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
                 out["type"] = mapped
         elif key == "optional":
             continue
+        elif key == "pattern" and isinstance(value, str) and not _compiles(value):
+            # another engine's syntax (AWS's Java \p{Print}, \z): validation here runs Python's re, which would
+            # refuse every value; kept for the reader as x-pattern, not enforced
+            out["x-pattern"] = value
+        elif key in ("$recursiveAnchor", "$recursiveRef"):
+            # 2019-09's: draft 2020-12, by which tools are validated, does not know them (its metaschema even
+            # refuses a boolean $recursiveAnchor), so they never constrained a value here; dropped, not refused
+            continue
         elif key in _SCHEMA_MAPS:
             if not isinstance(value, dict):
                 raise _FieldError(sub, f"expected an object mapping names to schemas, got {_show(value)}")
@@ -1452,7 +1774,8 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
         elif key in _SCHEMA_LISTS:
             if not isinstance(value, list):
                 raise _FieldError(sub, f"expected a list of schemas, got {_show(value)}")
-            out[key] = [_normalize(v, f"{sub}.{i}", openapi=openapi) for i, v in enumerate(value)]
+            out[key] = [_normalize(v, f"{sub}.{i}", openapi=openapi, branch=key == "allOf")
+                        for i, v in enumerate(value)]
         else:
             out[key] = value
     if openapi:
@@ -1463,15 +1786,28 @@ def _normalize(schema: Any, field: str, *, openapi: bool = False) -> Any:
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise _FieldError(f"{field}.required", f"expected a list of property names, got {_show(required)} "
                                                    '(one name is written ["name"])')
+        if len(set(required)) < len(required):  # real specs repeat a name; the metaschema wants each once
+            out["required"] = required = list(dict.fromkeys(required))
         # Without "properties" the object is free-form and "required" just names keys that must be present; with
-        # a composition (a sibling allOf branch, a $ref) the name may be defined there, as JSON Schema allows.
-        plain = isinstance(out.get("properties"), dict) and not (_OPEN_KEYWORDS & out.keys())
+        # a composition (a sibling allOf branch, a $ref) the name may be defined there, as JSON Schema allows. An
+        # OpenAPI schema is often itself such a branch (allOf: [$ref, {required: [a name of the $ref's]}]).
+        plain = isinstance(out.get("properties"), dict) and not (_OPEN_KEYWORDS & out.keys()) and not (
+            openapi or branch)
         for name in required if plain else ():
             if name not in out["properties"]:
                 raise _FieldError(
                     f"{field}.required", f"names undefined property {_show(name)}; add it to properties or drop it"
                 )
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiles(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return False
+    return True
 
 
 _OPEN_KEYWORDS = frozenset({"allOf", "anyOf", "oneOf", "$ref", "$dynamicRef", "if", "then", "else",

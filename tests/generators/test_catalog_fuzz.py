@@ -1,8 +1,8 @@
 """Fuzzing the catalog importer: whatever a file holds, ``import_catalog`` imports its tools (skipping, with a
 reason, those it cannot) or raises ``CatalogError``.
 
-Hypothesis writes files from four sources: real specs (the OAI examples and a slice of Twilio's messaging API
-from ``../shared/catalogs``, BFCL questions, OpenAI tools) with one to three of their values replaced, deleted,
+Hypothesis writes files from four sources: real specs (the OAI examples, a slice of Twilio's messaging API and
+one of Slack's Swagger 2.0 description from ``../shared/catalogs``, BFCL questions, OpenAI tools) with one to three of their values replaced, deleted,
 nested 70 deep or pointed elsewhere with a ``$ref``; the same specs' text with bytes cut, inserted or replaced
 (invalid UTF-8, 5,000-digit numbers, NaN, a thousand brackets, YAML aliases and tags); and random JSON trees
 built from schema and OpenAPI keywords, alone or inside each format's wrapper. Each is written as JSON or YAML.
@@ -13,6 +13,7 @@ Specified here:
   starting with the file's name;
 * what imports is plain JSON that the TOOLS table accepts, each schema a valid draft 2020-12 schema within
   the importer's bounds;
+* an OpenAPI file's tools build the REST environment or it says why in one line (never a traceback);
 * no ``$ref`` is fetched, at import or when arguments are validated against an imported tool (with the
   pipeline's validator): the documents point at a server on 127.0.0.1 that counts requests, and it gets none.
 
@@ -36,6 +37,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envs import OpenAPIDomainError, domain_from_tools
 from envs.base import argument_validator
 from generators.catalog import MAX_DEPTH, MAX_SCHEMA_NODES, CatalogError, import_catalog
 from schemas import TABLES
@@ -119,6 +121,11 @@ def imported_or_refused(path: Path, kind: str) -> None:
         validator = argument_validator(tool.parameters)  # every $ref reached is looked up: none may fail
         for filler in ("x", 1, {}, [{}], None):
             validator.is_valid(dict.fromkeys(tool.parameters.get("properties") or {}, filler))
+    if result.format == "openapi" and tools:  # what `synthesize --catalog` builds from them: worded or built
+        try:
+            domain_from_tools(tools, name="fuzzed", source=str(path))
+        except OpenAPIDomainError as e:
+            assert "\n" not in str(e)
     assert REQUESTS == []
 
 
@@ -194,6 +201,8 @@ def real_specs() -> tuple[tuple[str, Any], ...]:
         specs.append((path.name, yaml.safe_load(path.read_text())))
     twilio = json.loads((shared_root() / "catalogs" / "openapi" / "twilio" / "twilio_messaging_v1.json").read_text())
     specs.append(("twilio_messaging_v1.json", with_what_it_uses(twilio, list(twilio["paths"])[:2])))
+    slack = json.loads((shared_root() / "catalogs" / "openapi" / "slack" / "slack_web_openapi_v2.json").read_text())
+    specs.append(("slack_web_openapi_v2.json", with_what_it_uses(slack, ["/chat.postMessage", "/conversations.info"])))
     with bfcl_file(default_bfcl_root(), "multiple").open() as lines:
         specs.append(("BFCL_v4_multiple.json", [json.loads(next(lines)) for _ in range(3)]))
     weather = {"name": "get_weather", "description": "Weather.", "parameters": {"type": "object", "properties": {
@@ -203,8 +212,10 @@ def real_specs() -> tuple[tuple[str, Any], ...]:
 
 
 def with_what_it_uses(doc: dict, routes: list[str]) -> dict:
-    """``doc`` cut down to ``routes`` and the components their ``$ref``s reach (small enough to fuzz quickly)."""
+    """``doc`` cut down to ``routes`` and the components (Swagger 2: definitions) their ``$ref``s reach (small
+    enough to fuzz quickly)."""
     kept: dict[str, dict[str, Any]] = {}
+    definitions: dict[str, Any] = {}
     todo = [doc["paths"][r] for r in routes]
     while todo:
         node = todo.pop()
@@ -215,9 +226,16 @@ def with_what_it_uses(doc: dict, routes: list[str]) -> dict:
                 if key not in kept.setdefault(group, {}):
                     kept[group][key] = doc["components"][group][key]
                     todo.append(kept[group][key])
+            elif isinstance(ref, str) and ref.startswith("#/definitions/"):
+                key = ref.split("/", 2)[2]
+                if key not in definitions:
+                    definitions[key] = doc["definitions"][key]
+                    todo.append(definitions[key])
             todo.extend(node.values())
         elif isinstance(node, list):
             todo.extend(node)
+    if "swagger" in doc:
+        return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "definitions": definitions}
     return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "components": kept}
 
 
