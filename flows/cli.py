@@ -280,7 +280,8 @@ def cmd_openenv(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise UsageError(f"`synthloop openenv` needs openenv-core ({exc}): pip install 'synthloop[openenv]'") from None
 
-    served = ServedTasks.load(corpus, split=args.split, query=args.query, max_steps=args.max_steps)
+    served = ServedTasks.load(corpus, split=args.split, query=args.query, max_steps=args.max_steps,
+                              allow_choice=args.allow_task_choice)
     app = create_server(served, max_sessions=args.sessions)
     print(f"OpenEnv environment: {len(served.keys)} tasks ({served.selection}) of {args.corpus} on "
           f"http://{args.host}:{args.port} (WebSocket /ws, {args.sessions} sessions)", flush=True)
@@ -329,7 +330,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     require_corpus(args.corpus)
     return serve(args.corpus, split=args.split, query=args.query, task=args.task, transport=args.transport,
-                 host=args.host, port=args.port, out=args.out, token_file=args.token_file)
+                 host=args.host, port=args.port, out=args.out, token_file=args.token_file, repeat=args.repeat)
 
 
 def cmd_schemas(args: argparse.Namespace) -> int:
@@ -626,6 +627,9 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--sessions", type=int, default=8, help="concurrent sessions (one episode each)")
     p.add_argument("--max-steps", dest="max_steps", type=int, default=64,
                    help="actions per episode before it is ended and judged")
+    p.add_argument("--allow-task-choice", dest="allow_task_choice", action="store_true",
+                   help="a client's reset may pick its task (task_id/run_id, index, seed); by default the server "
+                        "assigns them in order and refuses those arguments")
     p.set_defaults(fn=cmd_openenv)
 
     p = sub.add_parser("serve", help="start a local Prefect server if needed and serve every flow as a deployment")
@@ -667,6 +671,9 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--out", metavar="FILE", help="append each ended play's judgement and transcript here (JSON lines)")
     p.add_argument("--token-file", dest="token_file", metavar="FILE",
                    help="HTTP: where the grader token is written, mode 0600 (default: a new private temp file)")
+    p.add_argument("--repeat", action="store_true",
+                   help="reset restarts a session's task instead of moving it to the next one (only the first "
+                        "ended play of a task counts either way)")
     p.set_defaults(fn=cmd_mcp)
 
     p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")

@@ -26,7 +26,7 @@ from schemas import Message, Task, Trajectory, Verdict
 from storage import Corpus
 from training.evaluate import offered_tools
 from training.grpo import reward
-from verifiers.checks import verify
+from verifiers.checks import Submitted, answer_schema, verify
 
 # The user as a tool, for agents and trainers that have no user turn.
 ASK_USER = {
@@ -39,6 +39,26 @@ ASK_USER = {
                        "what to say to the user"}}, "required": ["message"], "additionalProperties": False},
     },
 }
+
+
+SUBMIT_ANSWER = "submit_answer"
+
+
+def submit_tool(task: Task) -> dict[str, Any]:
+    """The tool a served agent hands its final answer in with: one ``answer`` argument typed as the task's expected
+    answer (a string, a number, a boolean, or an array of them), or no argument where the task asks no question.
+    It ends the play; only the first submission is graded."""
+    schema = answer_schema(task.expected_answer)
+    properties = {} if schema is None else {"answer": {**schema, "description":
+                  "your final answer to the user's question: the value itself, nothing else"
+                  + (" (every value asked for)" if schema.get("type") == "array" else "")}}
+    return {"type": "function", "function": {
+        "name": SUBMIT_ANSWER,
+        "description": ("Hand in your final answer and end this task; only the first submission is graded."
+                        if schema is not None else "Say that you have done everything asked and end this task; "
+                        "only the first submission is graded."),
+        "parameters": {"type": "object", "properties": properties, "required": list(properties),
+                       "additionalProperties": False}}}
 
 
 @dataclass(frozen=True)
@@ -68,12 +88,16 @@ class Episode:
         initial: An environment of the task in its initial state; the episode plays on a fork of it and the
             verifier replays on it, so it is never changed.
         distractors: Other tools of the domain offered beside the task's own (as in evaluation and GRPO).
+        typed_answers: Judge the answer only as the value handed in with :meth:`submit` (exact typed match), never
+            from the conversation's text: what a served agent is judged by, since a text can hedge or negate and
+            still state the value. False: the pipeline's own reading of the assistant's text.
     """
 
-    def __init__(self, task: Task, initial: ToolEnvironment, *, distractors: int = 2):
+    def __init__(self, task: Task, initial: ToolEnvironment, *, distractors: int = 2, typed_answers: bool = False):
         self.task = task
         self.initial = initial
         self.distractors = distractors
+        self.typed_answers = typed_answers
         self.tool_names = offered_tools(task, initial, distractors)
         self.reset()
 
@@ -86,6 +110,7 @@ class Episode:
         self.messages: list[Message] = [{"role": "system", "content": system_prompt(self.initial)},
                                         {"role": "user", "content": self.user.first_message()}]
         self._calls = 0
+        self.submitted: Submitted | None = None
         return self.messages[-1]["content"]
 
     @property
@@ -127,6 +152,17 @@ class Episode:
     def finished(self) -> bool:
         return self.user.stopped
 
+    def submit(self, arguments: Any) -> Submitted:
+        """Hand in the final answer: ``arguments`` of :func:`submit_tool` (``{"answer": value}``, ``{}`` where the
+        task asks no question). The first submission is kept (a later one changes nothing) and is recorded in the
+        transcript as the assistant's closing message."""
+        if self.submitted is None:
+            given = isinstance(arguments, dict) and "answer" in arguments
+            self.submitted = Submitted(arguments["answer"] if given else None, given=given)
+            if self.submitted.given:
+                self.messages.append({"role": "assistant", "content": self.submitted.text})
+        return self.submitted
+
     def finish(self, answer: str | None = None) -> None:
         """Record the agent's closing message (its answer to the user), if it has one to add."""
         if answer and not (self.messages[-1]["role"] == "assistant" and self.messages[-1]["content"] == answer):
@@ -148,7 +184,8 @@ class Episode:
         ``malformed``: calls the agent wrote that never reached :meth:`call` (unparseable), which gate it to 0."""
         self.finish(answer)
         trajectory = self.trajectory()
-        verdict = verify(self.task, trajectory, self.initial)
+        submitted = (self.submitted or Submitted(given=False)) if self.typed_answers else None
+        verdict = verify(self.task, trajectory, self.initial, submitted=submitted)
         score, parts = reward(self.task, trajectory, verdict, malformed)
         return Judgement(verdict, score, parts)
 
@@ -156,12 +193,14 @@ class Episode:
         self.env.close()
 
 
-def judge_messages(task: Task, initial: ToolEnvironment, messages: list[Message]) -> Judgement:
-    """The verdict and reward of a whole conversation recorded elsewhere (an agent loop outside synthloop)."""
+def judge_messages(task: Task, initial: ToolEnvironment, messages: list[Message], *,
+                   submitted: Submitted | None = None) -> Judgement:
+    """The verdict and reward of a whole conversation recorded elsewhere (an agent loop outside synthloop);
+    ``submitted``: the answer it handed in as a value (as a served play is judged), else read from its text."""
     trajectory = Trajectory(trajectory_id=f"{task.task_id}-external", task_id=task.task_id, run_id=task.run_id,
                             batch=task.batch, role="rollout", messages=messages, tools=sorted(initial.specs),
                             metadata={"signals": {}})
-    verdict = verify(task, trajectory, initial)
+    verdict = verify(task, trajectory, initial, submitted=submitted)
     score, parts = reward(task, trajectory, verdict)
     return Judgement(verdict, score, parts)
 
@@ -218,8 +257,8 @@ class TaskLibrary:
                 return task
         raise KeyError(f"no task {task_id} in {self.corpus.root}")
 
-    def episode(self, task: Task, *, distractors: int = 2) -> Episode:
-        return Episode(task, self.environments.open(task), distractors=distractors)
+    def episode(self, task: Task, *, distractors: int = 2, typed_answers: bool = False) -> Episode:
+        return Episode(task, self.environments.open(task), distractors=distractors, typed_answers=typed_answers)
 
     def close(self) -> None:
         self.environments.close()

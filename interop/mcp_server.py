@@ -1,19 +1,24 @@
 """Stored tasks served as an MCP server (stdio or Streamable HTTP): one :class:`~interop.episode.Episode` per session,
 graded where the agent cannot reach.
 
-An MCP session plays one task at a time on a private copy of its initial state. It sees the task's tools (and the
-domain's distractors, as in evaluation) with their JSON schemas, ``ask_user`` (the scripted user: private
-information, confirmations, the next request), ``reset`` (a fresh copy, optionally of another task of the served
-selection) and two resources: ``synthloop://prompt`` (the system prompt and the user's first message, as OpenAI
-messages) and ``synthloop://tasks`` (the selection: ids and domains only). A tool error is an observation with
-``isError`` set, so the agent may recover; a tool the task does not offer — ``verify``, ``grade`` — is an unknown tool.
+An MCP session plays one task at a time on a private copy of its initial state. The server assigns the tasks (the
+served selection in turn; the agent never names one). A session sees the task's tools (and the domain's
+distractors, as in evaluation) with their JSON schemas, ``ask_user`` (the scripted user: private information,
+confirmations, the next request), ``submit_answer`` (the final answer as a value typed like the task's expected
+answer; it ends the play), ``reset`` (the session's next assigned task, or the same task again where the operator
+allows it with ``--repeat``) and two resources: ``synthloop://prompt`` (the system prompt and the user's first
+message, as OpenAI messages) and ``synthloop://tasks`` (the selection: ids and domains only). A tool error is an
+observation with ``isError`` set, so the agent may recover; a tool the task does not offer — ``verify``,
+``grade`` — is an unknown tool.
 
-The verifier is no tool. A play ends when its session resets or closes (stdin's end on stdio, the client's DELETE,
-idle expiry or shutdown on HTTP); its judgement and transcript are then appended to ``--out`` (JSON lines). Over
-HTTP the operator also reads a session's grade, live or ended, from ``GET /grade/{session}`` — a plain route beside
-the MCP endpoint that answers only to the bearer token written, mode 0600, to the token file at start-up; nothing
-reachable through MCP reads that file or that route. A session learns its id from ``synthloop://prompt``, which
-is harmless without the token.
+The verifier is no tool. A play ends when the agent submits, or when its session resets or closes (stdin's end on
+stdio, the client's DELETE, idle expiry or shutdown on HTTP); it is judged then, once, and its record appended to
+``--out`` (JSON lines). The answer is judged only as the submitted value (exact typed match), so a hedged list or
+a negation in the conversation's text earns nothing. Of the plays of one task in one session only the first ended
+one counts (``counts``): playing it again after a bad grade, or after seeing a verdict, changes nothing. Over HTTP
+the operator also reads grades from ``GET /grade/{session}`` — a plain route beside the MCP endpoint that answers
+only to the bearer token written, mode 0600, to the token file at start-up; nothing reachable through MCP reads
+that file or that route. A session learns its id from ``synthloop://prompt``, which is harmless without the token.
 
 Every handler runs on the event loop's thread: the environments are in-process SQLite forks (or sandbox clients)
 owned by that thread, and a call takes milliseconds.
@@ -44,25 +49,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from interop.episode import ASK_USER, Episode, TaskLibrary
+from interop.episode import ASK_USER, SUBMIT_ANSWER, Episode, TaskLibrary, submit_tool
 
 MCP_PATH = "/mcp"
 RESET = {
     "name": "reset",
-    "description": "Start the conversation again on a fresh copy of the task's initial state, or on another task of "
-                   "this server (see the synthloop://tasks resource); returns the system prompt and the user's "
+    "description": "End this task (graded as it stands if you have not submitted) and start the next task this "
+                   "server assigns you, on a fresh copy of its state; returns its system prompt and the user's "
                    "first message.",
-    "parameters": {"type": "object", "properties": {"task_id": {"type": "string", "description":
-                   "a task id from synthloop://tasks (default: the current task)"}},
-                   "additionalProperties": False},
+    "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
 }
-OWN_TOOLS = ("ask_user", "reset")
+OWN_TOOLS = ("ask_user", "reset", SUBMIT_ANSWER)
 TASKS_URI = "synthloop://tasks"
 PROMPT_URI = "synthloop://prompt"
 INSTRUCTIONS = ("Each session plays one stored task on its own copy of the task's state. Read synthloop://prompt "
                 "for the system prompt and the user's first message, use the tools, and talk to the user with "
-                "ask_user (they answer questions, confirm, and give their next request). The conversation is graded "
-                "by the operator after it ends.")
+                "ask_user (they answer questions, confirm, and give their next request), and hand in your final "
+                "answer with submit_answer (the value itself; it ends the task, and only the first submission "
+                "counts). The conversation is graded by the operator after it ends.")
 
 
 @dataclass
@@ -73,6 +77,11 @@ class Play:
     number: int
     episode: Episode
     last_seen: float
+    record: dict[str, Any] | None = None  # set once the play has ended (submitted): judged then, never again
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.episode.task.run_id, self.episode.task.task_id
 
     def head(self) -> dict[str, Any]:
         task = self.episode.task
@@ -84,13 +93,16 @@ class Plays:
 
     Args:
         library: The corpus's tasks.
-        keys: ``(run_id, task_id)`` of the tasks served; a new session starts on the next one, in turn.
-        out: A JSON-lines file each ended play's record is appended to (judgement, transcript).
+        keys: ``(run_id, task_id)`` of the tasks served; a new session, and a session that resets, gets the next
+            one in turn: the assignment is the server's, never the agent's.
+        out: A JSON-lines file each ended play's record is appended to (judgement, transcript, ``counts``).
         idle_s: A session untouched this long is ended (and recorded) at the next request; None: never.
+        repeat: ``reset`` restarts the session's current task instead of moving it to the next (the operator's
+            choice, for harnesses that sample one task several times); only the first ended play of a task counts.
     """
 
     def __init__(self, library: TaskLibrary, keys: list[tuple[str, str]], *, out: Path | None = None,
-                 idle_s: float | None = None, distractors: int = 2):
+                 idle_s: float | None = None, distractors: int = 2, repeat: bool = False):
         if not keys:
             raise ValueError(f"no tasks to serve in {library.corpus.root}")
         self.library = library
@@ -98,20 +110,30 @@ class Plays:
         self.out = out
         self.idle_s = idle_s
         self.distractors = distractors
+        self.repeat = repeat
         self.current: dict[str, Play] = {}
         self.ended: dict[str, list[dict[str, Any]]] = {}
+        self.counted: dict[tuple[str, str, str], int] = {}  # (session, run_id, task_id) -> the play that counts
+        self.plays_started: dict[str, int] = {}
         self._turn = 0
 
     def task_list(self) -> list[dict[str, Any]]:
         return [{"task_id": t, "run_id": r, "domain": self.library.task(r, t).domain} for r, t in self.keys]
 
-    def _start(self, session: str, key: tuple[str, str], number: int) -> Play:
-        episode = self.library.episode(self.library.task(*key), distractors=self.distractors)
+    def _next_key(self) -> tuple[str, str]:
+        key = self.keys[self._turn % len(self.keys)]
+        self._turn += 1
+        return key
+
+    def _start(self, session: str, key: tuple[str, str]) -> Play:
+        episode = self.library.episode(self.library.task(*key), distractors=self.distractors, typed_answers=True)
         clash = sorted(set(episode.tool_names) & set(OWN_TOOLS))
         if clash:
             episode.close()
             raise MCPError(types.INTERNAL_ERROR, f"task {key[1]} has a tool named {', '.join(clash)}, which this "
-                                                 "server uses for the user or for reset; it cannot be served")
+                                                 "server uses for the user, the answer or reset; it cannot be served")
+        number = self.plays_started.get(session, 0)
+        self.plays_started[session] = number + 1
         play = Play(session, number, episode, time.monotonic())
         self.current[session] = play
         return play
@@ -121,47 +143,56 @@ class Plays:
         self.sweep()
         play = self.current.get(session)
         if play is None:
-            key = self.keys[self._turn % len(self.keys)]
-            self._turn += 1
-            play = self._start(session, key, len(self.ended.get(session, [])))
+            play = self._start(session, self._next_key())
         play.last_seen = time.monotonic()
         return play
 
-    def reset(self, session: str, task_id: str | None = None) -> Play:
+    def reset(self, session: str) -> Play:
+        """End the session's play (judged as it stands unless already submitted) and start its next assignment:
+        the next task in turn, or the same task again with ``repeat``. A play reset before any turn is recorded
+        too: skipping a task after reading it is a choice of task, and the skipped task is graded."""
         old = self.play(session)
-        key = (old.episode.task.run_id, old.episode.task.task_id)
-        if task_id:
-            key = next((k for k in self.keys if k[1] == task_id), None)
-            if key is None:
-                raise ValueError(f"no task {task_id} on this server; synthloop://tasks lists the "
-                                 f"{len(self.keys)} it serves")
-        if len(old.episode.messages) > len(old.episode.prompt):
-            self.end(session, "reset")
-            number = old.number + 1
-        else:  # untouched (a harness picking its task first): nothing was played, so nothing is recorded
-            self.current.pop(session).episode.close()
-            number = old.number
-        return self._start(session, key, number)
+        key = old.key if self.repeat else self._next_key()
+        self.end(session, "reset")
+        return self._start(session, key)
+
+    def submit(self, session: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Hand in the play's answer and end it: judged now, once; the session stays on the finished task until
+        it resets."""
+        play = self.play(session)
+        play.episode.submit(arguments)
+        return self._finish(play, "submitted")
 
     def record(self, play: Play, ended: str | None) -> dict[str, Any]:
         episode = play.episode
-        return {**play.head(), "ended": ended, "judgement": episode.judge().to_dict(),
+        submitted = episode.submitted
+        return {**play.head(), "ended": ended, "counts": False,
+                "submitted": {"answer": submitted.value} if submitted and submitted.given else None,
+                "judgement": episode.judge().to_dict(),
                 "tools": list(episode.tool_names), "messages": [dict(m) for m in episode.messages]}
 
-    def end(self, session: str, reason: str) -> dict[str, Any] | None:
-        """Judge the session's play, keep and append its record, and release its state."""
-        play = self.current.pop(session, None)
-        if play is None:
-            return None
-        try:
-            record = self.record(play, reason)
-        finally:
-            play.episode.close()
-        self.ended.setdefault(session, []).append(record)
+    def _finish(self, play: Play, reason: str) -> dict[str, Any]:
+        record = self.record(play, reason)
+        slot = (play.session, *play.key)
+        if slot not in self.counted:  # the first ended play of a task in a session is its grade; later ones are kept
+            self.counted[slot] = play.number
+            record["counts"] = True
+        play.record = record
+        self.ended.setdefault(play.session, []).append(record)
         if self.out is not None:
             with open(self.out, "a") as fh:
                 fh.write(json.dumps(record, default=str) + "\n")
         return record
+
+    def end(self, session: str, reason: str) -> dict[str, Any] | None:
+        """End the session's play (judged and recorded unless it already was) and release its state."""
+        play = self.current.pop(session, None)
+        if play is None:
+            return None
+        try:
+            return play.record or self._finish(play, reason)
+        finally:
+            play.episode.close()
 
     def end_all(self, reason: str) -> None:
         for session in list(self.current):
@@ -176,18 +207,26 @@ class Plays:
                 self.end(session, "expired")
 
     def grade(self, session: str, number: int | None = None) -> dict[str, Any] | None:
-        """A play's record: the live play judged now, or an ended one (the latest unless ``number`` is given)."""
+        """The grade of the session's current task: the record of its first ended play in this session (the one
+        that counts, whatever was played after it); while none has ended, the live play judged now, with ``ended``
+        None and ``counts`` False. With ``number``: that play's record, counting or not."""
         live = self.current.get(session)
-        if live is not None and number in (None, live.number):
-            return self.record(live, None)
         ended = self.ended.get(session, [])
-        if number is None:
-            return ended[-1] if ended else None
-        return next((r for r in ended if r["play"] == number), None)
+        if number is not None:
+            if live is not None and live.record is None and number == live.number:
+                return self.record(live, None)
+            return next((r for r in ended if r["play"] == number), None)
+        key = live.key if live is not None else (ended[-1]["run_id"], ended[-1]["task_id"]) if ended else None
+        if key is None:
+            return None
+        first = self.counted.get((session, *key))
+        if first is not None:
+            return next(r for r in ended if r["play"] == first)
+        return self.record(live, None) if live is not None else None
 
     def sessions(self) -> list[dict[str, Any]]:
-        rows = [{**p.head(), "ended": None} for p in self.current.values()]
-        rows += [{k: r[k] for k in ("session", "play", "task_id", "run_id", "ended")}
+        rows = [{**p.head(), "ended": None, "counts": False} for p in self.current.values() if p.record is None]
+        rows += [{k: r[k] for k in ("session", "play", "task_id", "run_id", "ended", "counts")}
                  for records in self.ended.values() for r in records]
         return sorted(rows, key=lambda r: (r["session"], r["play"]))
 
@@ -245,21 +284,33 @@ def build_server(plays: Plays, *, http: bool) -> Server:
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         episode = plays.play(session_of(ctx)).episode
-        return types.ListToolsResult(tools=[mcp_tool(t) for t in episode.tools] + [mcp_tool(ASK_USER), mcp_tool(RESET)])
+        return types.ListToolsResult(tools=[mcp_tool(t) for t in episode.tools] + [
+            mcp_tool(ASK_USER), mcp_tool(submit_tool(episode.task)), mcp_tool(RESET)])
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         session = session_of(ctx)
         args = params.arguments or {}
         if params.name == "reset":
+            if args:  # a task the agent names would be a task it chose after seeing this one
+                return text_result(f"reset takes no arguments (got {', '.join(sorted(args))}): this server assigns "
+                                   "the tasks; reset ends this one and starts the next", error=True)
             before = plays.play(session).episode.tool_names
-            try:
-                play = plays.reset(session, args.get("task_id"))
-            except ValueError as exc:
-                return text_result(str(exc), error=True)
+            play = plays.reset(session)
             if play.episode.tool_names != before:
                 await ctx.session.send_tool_list_changed()
             return text_result(json.dumps(plays.prompt(session)))
-        episode = plays.play(session).episode
+        play = plays.play(session)
+        if play.record is not None:
+            return text_result(f"this task is over (ended: {play.record['ended']}); call reset for the next one",
+                               error=True)
+        episode = play.episode
+        if params.name == SUBMIT_ANSWER:
+            wanted = set(submit_tool(episode.task)["function"]["parameters"]["properties"])
+            if set(args) != wanted:
+                return text_result(f"{SUBMIT_ANSWER} takes " + (f"one argument, answer (got {sorted(args)})"
+                                   if wanted else f"no arguments (got {sorted(args)})"), error=True)
+            plays.submit(session, args)
+            return text_result("Answer received; this task is over. Call reset for the next task.")
         if params.name == "ask_user":
             message = args.get("message")
             if not isinstance(message, str) or not message.strip():
@@ -274,7 +325,7 @@ def build_server(plays: Plays, *, http: bool) -> Server:
                            description="this session's system prompt and the user's first message (OpenAI "
                                        "messages), with the session id and the task id"),
             types.Resource(uri=TASKS_URI, name="tasks", mime_type="application/json",
-                           description="the tasks this server serves (pick one with the reset tool)")])
+                           description="the tasks this server serves (it assigns them: reset moves on to the next)")])
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         uri = str(params.uri)
@@ -302,8 +353,9 @@ def build_server(plays: Plays, *, http: bool) -> Server:
 
 
 def grade_routes(plays: Plays, token: str) -> list[Route]:
-    """``GET /grade`` (every session's plays) and ``GET /grade/{session}[?play=N]`` (a judgement and its transcript),
-    for the holder of ``token`` only."""
+    """``GET /grade`` (every session's plays, each with ``counts``) and ``GET /grade/{session}[?play=N]`` (the
+    grade of the session's current task — its first ended play — or play N: a judgement and its transcript), for
+    the holder of ``token`` only."""
 
     def authorised(request: Request) -> bool:
         given = request.headers.get("authorization", "")
@@ -387,7 +439,7 @@ def write_token(path: Path | None) -> tuple[str, Path]:
 
 def serve(corpus: str, *, split: str | None = None, query: str | None = None, task: str | None = None,
           transport: str = "stdio", host: str = "127.0.0.1", port: int = 8765, out: str | None = None,
-          token_file: str | None = None, idle_s: float = 1800.0) -> int:
+          token_file: str | None = None, idle_s: float = 1800.0, repeat: bool = False) -> int:
     """``synthloop mcp``: serve the selected tasks until stdin ends (stdio) or the process is stopped (HTTP)."""
     if sum(x is not None for x in (split, query, task)) > 1:
         raise ValueError("name one of --split, --query and --task")
@@ -403,7 +455,8 @@ def serve(corpus: str, *, split: str | None = None, query: str | None = None, ta
             keys = library.keys(split=split, query=query)
         if out:
             open(out, "a").close()  # an unwritable --out fails now, not when the first play ends
-        plays = Plays(library, keys, out=Path(out) if out else None, idle_s=idle_s if transport == "http" else None)
+        plays = Plays(library, keys, out=Path(out) if out else None, idle_s=idle_s if transport == "http" else None,
+                      repeat=repeat)
     except BaseException:
         library.close()
         raise

@@ -21,6 +21,10 @@ How the tasks map onto that:
   as in the built-in GRPO.
 - **The user is the tool** ``ask_user`` (:data:`interop.ASK_USER`): TRL has no user turn, and tasks with private
   information need one.
+- **The answer is the tool** ``submit_answer`` (:func:`interop.episode.submit_tool`), its one argument typed as the
+  task's expected answer (so the class is per tool set *and* answer type): the answer is judged as that value,
+  exactly, and only the first submission counts. The rollout's closing text is not read for the answer, so a hedged
+  list or a negation ("definitely not E0025") earns nothing where reading the text would have found the value.
 - **The reward is the task's verifier**, :meth:`interop.Episode.judge` (the gated composite reward of the built-in
   GRPO), given as the reward function :func:`verifier_reward` rather than the environment's ``get_reward``:
   ``get_reward`` takes no argument, and the rollout's closing message (the answer to a question, never a tool call)
@@ -42,7 +46,7 @@ import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Union
 
-from interop.episode import ASK_USER, Episode, Judgement, TaskLibrary
+from interop.episode import ASK_USER, SUBMIT_ANSWER, Episode, Judgement, TaskLibrary, submit_tool
 from schemas import Task
 from storage import Corpus
 
@@ -58,8 +62,10 @@ RESPONSE_TEMPLATE: dict[str, Any] = {
     },
 }
 
-# Names TRL reserves (``reset``, ``get_reward``) or this adapter takes (the user); a tool by one of them is refused.
-RESERVED = frozenset({"reset", "get_reward", "ask_user"})
+# Names TRL reserves (``reset``, ``get_reward``) or this adapter takes (the user, the answer); a tool by one of them
+# is refused.
+RESERVED = frozenset({"reset", "get_reward", "ask_user", SUBMIT_ANSWER})
+OWN_TARGETS = ("_ask", "_submit")
 
 _SCALARS: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool, "null": type(None)}
 
@@ -116,7 +122,7 @@ def tool_method(tool: dict[str, Any], target: str):
     fn = tool["function"] if "function" in tool else tool
     name, params = fn["name"], fn.get("parameters") or {}
     where = f"tool {name!r}"
-    if name in RESERVED and target != "_ask" or name.startswith("_"):
+    if name in RESERVED and target not in OWN_TARGETS or name.startswith("_"):
         raise ValueError(f"{where}: the name is reserved by TRL or this adapter (or private); rename the tool")
     props: dict[str, dict[str, Any]] = params.get("properties") or {}
     required = [p for p in params.get("required") or [] if p in props]
@@ -170,7 +176,7 @@ class TaskEnvironment:
         if self.episode is not None:
             self.episode.close()
         task = self.library.task(run_id, task_id)
-        self.episode = self.library.episode(task, distractors=self.distractors)
+        self.episode = self.library.episode(task, distractors=self.distractors, typed_answers=True)
         if tuple(self.episode.tool_names) != self.tool_names:
             raise ValueError(f"task {task_id} of run {run_id} offers {self.episode.tool_names}, but it was routed to "
                              f"{type(self).__name__} ({list(self.tool_names)}); build the dataset and the factories "
@@ -193,6 +199,14 @@ class TaskEnvironment:
             return f"Error: ask_user takes one argument, message (got {sorted(arguments)})"
         return self._episode().ask_user(arguments["message"])
 
+    def _submit(self, name: str, arguments: dict[str, Any]) -> str:
+        self.calls += 1
+        episode = self._episode()
+        if episode.submitted is not None:
+            return "Error: an answer was already submitted; only the first one counts"
+        episode.submit(arguments)
+        return "Answer received."
+
     def _judge(self, answer: str | None, malformed: int) -> Judgement:
         self.judgement = self._episode().judge(answer, malformed=malformed)
         return self.judgement
@@ -202,17 +216,19 @@ def _ask_user_method():
     return tool_method(ASK_USER, "_ask")
 
 
-def environment_class(name: str, tools: list[dict[str, Any]], library: TaskLibrary, distractors: int) -> type:
-    """A :class:`TaskEnvironment` subclass with ``tools`` (OpenAI format) and ``ask_user`` as methods; every
-    method's schema is read back with transformers' ``get_json_schema`` here, so a tool TRL cannot render fails
-    now, with its name, rather than at the first prompt."""
+def environment_class(name: str, tools: list[dict[str, Any]], library: TaskLibrary, distractors: int,
+                      submit: dict[str, Any] | None = None) -> type:
+    """A :class:`TaskEnvironment` subclass with ``tools`` (OpenAI format), ``ask_user`` and ``submit_answer`` (the
+    tool ``submit``, typed as the tasks' answer) as methods; every method's schema is read back with
+    transformers' ``get_json_schema`` here, so a tool TRL cannot render fails now, with its name, rather than at
+    the first prompt."""
     from transformers.utils import get_json_schema
 
     members: dict[str, Any] = {"library": library, "distractors": distractors,
                                "tool_names": tuple(sorted(t["function"]["name"] for t in tools)),
                                "ask_user": _ask_user_method()}
-    for tool in tools:
-        method = tool_method(tool, "_call")
+    for tool, target in [(t, "_call") for t in tools] + ([(submit, "_submit")] if submit else []):
+        method = tool_method(tool, target)
         try:
             seen = get_json_schema(method)["function"]["parameters"]
         except Exception as exc:  # noqa: BLE001 - transformers raises several kinds; all mean the same to a user
@@ -230,8 +246,10 @@ def environment_class(name: str, tools: list[dict[str, Any]], library: TaskLibra
 
 
 def environment_key(task: Task, tool_names: list[str]) -> str:
-    """The ``environment`` value of a task's rows: its domain and a digest of the tools it is offered."""
-    return f"{task.domain}-{hashlib.sha256(json.dumps(sorted(tool_names)).encode()).hexdigest()[:8]}"
+    """The ``environment`` value of a task's rows: its domain and a digest of the tools it is offered and of the
+    type its answer is submitted as."""
+    offered = json.dumps([sorted(tool_names), submit_tool(task)], sort_keys=True)
+    return f"{task.domain}-{hashlib.sha256(offered.encode()).hexdigest()[:8]}"
 
 
 def _library(corpus: Corpus | str | TaskLibrary) -> TaskLibrary:
@@ -281,7 +299,7 @@ def environment_factory(corpus: Corpus | str | TaskLibrary, *, split: str | None
     for episode in _episodes(library, split, query, keys, limit, distractors):
         key = environment_key(episode.task, episode.tool_names)
         if key not in classes:
-            classes[key] = environment_class(key, episode.tools, library, distractors)
+            classes[key] = environment_class(key, episode.tools, library, distractors, submit_tool(episode.task))
         episode.close()
     return classes
 
@@ -306,11 +324,11 @@ def closing(completion: list[dict[str, Any]] | str, offered: tuple[str, ...]) ->
 def verifier_reward(completions: list[Any], environments: list[TaskEnvironment] | None = None, **_: Any
                     ) -> list[float]:
     """TRL reward function: each rollout judged by its task's own verifier, scored with the built-in GRPO's gated
-    composite reward (:meth:`interop.Episode.judge`)."""
+    composite reward (:meth:`interop.Episode.judge`); the answer is the value the rollout submitted, if any."""
     if environments is None:
         raise ValueError("verifier_reward needs TRL's environments: pass environment_factory=environment_factory(...)")
     rewards = []
     for completion, env in zip(completions, environments, strict=True):
-        answer, malformed = closing(completion, (*env.tool_names, "ask_user"))
+        answer, malformed = closing(completion, (*env.tool_names, "ask_user", SUBMIT_ANSWER))
         rewards.append(env._judge(answer, malformed).reward)  # private: TRL offers public methods as tools
     return rewards

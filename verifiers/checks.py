@@ -119,6 +119,138 @@ def missing_answers(expected: list[Any], text: str | _Stated) -> list[Any]:
     return missing
 
 
+# A word that, right before a value, says the value is *not* the answer ("definitely not E0025", "isn't 4",
+# "every event except E0025"); read on the normalised text, where "isn't" is "isn t".
+NEGATION = re.compile(r"(?:\b(?:not|never|nor|neither|except|excluding|without)|\w*n t)$")
+# An id of the built-in kind: letters, an optional separator, digits (E0025, O-41); its kind is its letters,
+# separator and number of digits, so "E0026" is another candidate for "E0025" and "U0006" is not.
+ID_SHAPE = re.compile(r"([a-z]+)([-_]?)(\d+)")
+
+
+def _negated(before: str) -> bool:
+    return bool(NEGATION.search(normalise(before[-48:])))
+
+
+def _commits(value: Any, line: str, expected: list[Any]) -> bool:
+    """Whether ``line`` states ``value`` at least once as the answer: not right after a negation and, for an id,
+    not beside another id of its kind that is not itself expected."""
+    if isinstance(value, (int, float)):
+        hits = [m.start() for m in NUMBER.finditer(line)
+                if abs(float(m.group().replace(",", "")) - value) <= 1e-6 * max(1.0, abs(value)) + 1e-9]
+        return not hits or any(not _negated(line[:i]) for i in hits)
+    have, want = normalise(line), normalise(str(value))
+    hits = [m.start() for m in re.finditer(rf"(?<![\w@.\-]){re.escape(want)}(?![\w@\-]|\.\w)", have)] if want else []
+    if not hits:  # stated only fuzzily (a long name), or on another line: nothing here to read as a hedge
+        return True
+    shape = ID_SHAPE.fullmatch(want)
+    if shape:
+        kind = rf"(?<![\w@.\-]){shape[1]}{re.escape(shape[2])}\d{{{len(shape[3])}}}(?![\w@\-]|\.\w)"
+        wanted = {normalise(str(e)) for e in expected if isinstance(e, str)}
+        if set(re.findall(kind, have)) - wanted:
+            return False
+    return any(not _negated(have[:i]) for i in hits)
+
+
+def hedged_answers(found: list[Any], text: str | _Stated, expected: list[Any]) -> list[Any]:
+    """Of the expected values ``found`` in ``text``, those no line states as the answer: every mention negated,
+    or (an id) listed with other candidates of its kind. Booleans are words ("no" is an answer), never hedges."""
+    stated = text if isinstance(text, _Stated) else _Stated(text)
+    lines = [line for line in stated.text.splitlines() if line.strip()]
+    mentions = [v for v in found if not isinstance(v, bool)]
+    hedged = []
+    for v in mentions:
+        said = [line for line in lines if occurrences(v, line) > 0]
+        if said and not any(_commits(v, line, expected) for line in said):
+            hedged.append(v)
+    return hedged
+
+# --- answers handed in as typed values ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Submitted:
+    """An answer handed in as a typed value (a served agent's ``submit_answer``); ``given`` False: none was.
+
+    Read from text, an answer can hedge ("E0025, E0026 or E0027") or negate ("definitely not E0025") and still
+    state the expected value; a value cannot, so a served play is judged on the value alone."""
+
+    value: Any = None
+    given: bool = True
+
+    @property
+    def text(self) -> str:
+        """The value as an answer text (what a code check reads as the answer)."""
+        if not self.given:
+            return ""
+        values = self.value if isinstance(self.value, list) else [self.value]
+        return ", ".join(v if isinstance(v, str) else json.dumps(v) for v in values)
+
+
+def _json_kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return None
+
+
+def answer_schema(expected: list[Any] | None) -> dict[str, Any] | None:
+    """The JSON schema of the value a task's answer is handed in as: the expected value's own type when one value
+    is asked for, an array of them when several are; None when the task asks for no answer."""
+    if not expected:
+        return None
+    kinds = {_json_kind(v) for v in expected}
+    item: dict[str, Any] = {"type": kinds.pop()} if len(kinds) == 1 and None not in kinds else {}
+    if len(expected) == 1:
+        return item
+    return {"type": "array", "items": item}
+
+
+def _same_value(expected: Any, given: Any) -> bool:
+    """Exact typed equality: a boolean only to a boolean, a number to a number (float tolerance), a string to a
+    string up to case and runs of whitespace."""
+    if isinstance(expected, bool) or isinstance(given, bool):
+        return isinstance(expected, bool) and isinstance(given, bool) and expected is given
+    if isinstance(expected, (int, float)):
+        return (isinstance(given, (int, float)) and math.isfinite(given)
+                and abs(given - expected) <= 1e-6 * max(1.0, abs(expected)) + 1e-9)
+    if isinstance(expected, str):
+        return isinstance(given, str) and " ".join(given.casefold().split()) == " ".join(expected.casefold().split())
+    return given == expected
+
+
+def typed_answer_check(expected: list[Any], submitted: Submitted, seen: SeenValues) -> CheckResult:
+    """The answer component of a typed submission: one expected value must be that value (a list where one value
+    is asked for is a hedge, so wrong), several must be a list of exactly them in any order; each must also have
+    been retrieved in the conversation, as for a stated answer."""
+    if not submitted.given:
+        return CheckResult("answer", False, 0.0, "no answer submitted")
+    value = submitted.value
+    if len(expected) == 1:
+        if isinstance(value, list):
+            return CheckResult("answer", False, 0.0, f"a list of {len(value)} values where one value is asked for")
+        given = [value]
+    elif not isinstance(value, list):
+        return CheckResult("answer", False, 0.0, f"one value where a list of {len(expected)} is asked for")
+    else:
+        given = list(value)
+    unmatched = list(given)
+    matched = []
+    for e in expected:
+        hit = next((i for i, g in enumerate(unmatched) if _same_value(e, g)), None)
+        if hit is not None:
+            matched.append(e)
+            unmatched.pop(hit)
+    wrong = len(expected) - len(matched)
+    unsupported = [e for e in matched if not seen.knows(e)]
+    problems = ([f"{wrong} of {len(expected)} values wrong or missing"] if wrong else []) + (
+        [f"{len(unmatched)} values not asked for"] if unmatched else []) + (
+        [f"not retrieved: {unsupported}"] if unsupported else [])
+    score = _ratio(len(matched) - len(unsupported), len(expected)) * (not unmatched)
+    return CheckResult("answer", not problems, score, "; ".join(problems))
+
+
 def _ratio(ok: int, total: int) -> float:
     return ok / total if total else 1.0
 
@@ -130,6 +262,7 @@ def verify(
     *,
     expected_pass: bool = True,
     sandbox_limits: SandboxLimits = SandboxLimits(),
+    submitted: Submitted | None = None,
 ) -> Verdict:
     """Check ``trajectory`` against ``task``'s verifier spec.
 
@@ -142,10 +275,13 @@ def verify(
         env: An environment of the task's domain and seed; its *initial* state is used, it is not changed.
         expected_pass: Whether this trajectory is meant to pass (True for the reference, False for controls).
         sandbox_limits: Limits for checks expressed as code.
+        submitted: An answer handed in as a typed value (a served agent's submit tool): the answer component is
+            then an exact typed match of it (:func:`typed_answer_check`), and the conversation's text is not read
+            for the answer. None: the answer is read from the assistant's text turns (the pipeline's own form).
     """
     start = time.perf_counter()
     try:
-        return _verify(task, trajectory, env, expected_pass, sandbox_limits, start)
+        return _verify(task, trajectory, env, expected_pass, sandbox_limits, start, submitted)
     except Exception as exc:  # noqa: BLE001 - one unforeseen input must not stop a run; the verdict says why
         reason = f"{type(exc).__name__}: {_cut(str(exc), 300)}"
         guard = CheckResult("verifier", False, 0.0, f"the verifier could not judge this trajectory: {reason}")
@@ -176,7 +312,7 @@ def _verdict(task: Task, trajectory: Trajectory, expected_pass: bool, start: flo
 
 
 def _verify(task: Task, trajectory: Trajectory, env: Environment, expected_pass: bool,
-            sandbox_limits: SandboxLimits, start: float) -> Verdict:
+            sandbox_limits: SandboxLimits, start: float, submitted: Submitted | None) -> Verdict:
     if env.initial_state_hash != task.initial_state_hash:
         # The environment's code or data generator changed since the task was made: its expectations no
         # longer describe this environment, so no verdict about the trajectory can be trusted.
@@ -194,8 +330,9 @@ def _verify(task: Task, trajectory: Trajectory, env: Environment, expected_pass:
     judged = Judged(
         messages=messages, message_problems=message_problems, replayed=replayed, env=env, final=final,
         actual_diff=replay.diff(initial, final), expected_diff=diff.expected if diff is not None else None,
-        answer_text="\n".join(m["content"] for m in messages if m["role"] == "assistant" and not m["tool_calls"]),
-        sandbox_limits=sandbox_limits)
+        answer_text=("\n".join(m["content"] for m in messages if m["role"] == "assistant" and not m["tool_calls"])
+                     if submitted is None else submitted.text),
+        sandbox_limits=sandbox_limits, submitted=submitted)
     components: list[CheckResult] = []
     for comp in COMPONENTS.values():
         entry = spec.entry(comp.name)
@@ -222,6 +359,7 @@ class Judged:
     expected_diff: dict[str, Any] | None  # the spec's state diff, if it asks for one
     answer_text: str  # the assistant's text turns, joined
     sandbox_limits: SandboxLimits
+    submitted: Submitted | None = None  # a typed answer handed in; None: the answer is read from answer_text
     error: str | None = None  # the verdict's error, set by a check that could not run
 
     @property
@@ -309,18 +447,24 @@ def required_calls_check(judged: Judged, entry: RequiredCallsCheck) -> CheckResu
 
 @check("answer")
 def answer_check(judged: Judged, entry: AnswerCheck) -> CheckResult:
+    if judged.submitted is not None:
+        return typed_answer_check(entry.expected, judged.submitted, judged.replayed.seen)
     expected = entry.expected
     stated = _Stated(judged.answer_text)
     missing = missing_answers(expected, stated)
+    # A value stated only as "not X", or only beside other ids of its kind ("E0025, E0026 or E0027"), is a
+    # hedge: it states the value without committing to it.
+    hedged = hedged_answers([e for e in expected if e not in missing], stated, expected)
     # A stated value counts only if the conversation produced it: a right number the assistant never
     # retrieved is a guess, and a list of every number is not an answer.
     seen = judged.replayed.seen
-    unsupported = [e for e in expected if e not in missing and not seen.knows(e)]
+    unsupported = [e for e in expected if e not in missing and e not in hedged and not seen.knows(e)]
     invented = [n for n in stated.numbers if not seen.knows(n)]
     problems = ([f"not stated: {missing}"] if missing else []) + (
+        [f"hedged or negated, not stated: {hedged}"] if hedged else []) + (
         [f"not retrieved: {unsupported}"] if unsupported else []) + (
         [f"numbers not from the conversation: {invented[:5]}"] if invented else [])
-    bad = len(missing) + len(unsupported)
+    bad = len(missing) + len(hedged) + len(unsupported)
     return CheckResult("answer", not problems, _ratio(len(expected) - bad, len(expected)) * (not invented),
                        "; ".join(problems))
 

@@ -1,6 +1,8 @@
 """`synthloop openenv` serves stored tasks to OpenEnv's own clients over a real server: the reference conversation
-played through the client ends with the task's verdict and reward 1.0, a wrong-argument control with less; each
-client plays on its own state; the grader is out of the agent's reach (no action, no tool)."""
+played through the client, finished with the task's answer as a typed value, ends with the task's verdict and
+reward 1.0, a wrong-argument control with less; each client plays on its own state; the grader is out of the
+agent's reach (no action, no tool). The server here lets the client (the test: a harness) pick its tasks
+(``--allow-task-choice``); tests/hardening/test_served.py attacks the default, where the server assigns them."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def server(interop_corpus, tmp_path_factory):
     log = tmp_path_factory.mktemp("openenv") / "server.log"
     with open(log, "w") as out:  # a file, not a pipe nobody reads: the server must never block on its log
         proc = subprocess.Popen([sys.executable, "-m", "flows.cli", "openenv", "--corpus", str(interop_corpus.root),
-                                 "--port", str(port), "--sessions", "4"], cwd=REPO, env=subprocess_env(),
+                                 "--port", str(port), "--sessions", "4", "--allow-task-choice"], cwd=REPO,
+                                env=subprocess_env(),
                                 stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -72,18 +75,25 @@ def actions(messages: list[dict]) -> list[dict]:
     return out
 
 
-def play(env, trajectory: Trajectory, *, reset: bool = True):
-    """Reset on the trajectory's task and send its assistant turns until the episode ends; every observation
-    before the end carries no reward."""
+def finish_of(corpus, trajectory: Trajectory) -> dict:
+    """The ``finish`` of an agent that found the task's answer: the expected value, typed (a list where several)."""
+    expected = next(r for r in corpus.read("tasks") if r["task_id"] == trajectory.task_id)["expected_answer"]
+    expected = json.loads(expected) if isinstance(expected, str) else expected
+    return {"kind": "finish", **({} if not expected else {"answer": expected[0] if len(expected) == 1
+                                                          else list(expected)})}
+
+
+def play(env, trajectory: Trajectory, corpus, *, reset: bool = True):
+    """Reset on the trajectory's task, send its assistant turns and finish with the task's answer; every
+    observation before the end carries no reward."""
     if reset:
         result = env.reset(task_id=trajectory.task_id, run_id=trajectory.run_id)
         assert result.reward is None and not result.done
-    for n, action in enumerate(actions(trajectory.messages), 1):
+    for action in actions(trajectory.messages):
         result = env.step(action)
-        if result.done:
-            return result, n
-        assert result.reward is None
-    return result, n
+        assert result.reward is None and not result.done  # the user's stop marker does not end it
+    n = len(actions(trajectory.messages)) + 1
+    return env.step(finish_of(corpus, trajectory)), n
 
 
 def test_the_reference_played_through_openenvs_client_ends_with_full_reward(server, interop_corpus):
@@ -91,15 +101,13 @@ def test_the_reference_played_through_openenvs_client_ends_with_full_reward(serv
     assert refs
     with GenericEnvClient(base_url=server).sync() as env:
         for ref in refs:
-            result, steps = play(env, ref)
+            result, steps = play(env, ref, interop_corpus)
             assert result.done and result.reward == 1.0, (ref.task_id, result.observation.get("verdict"))
             verdict = result.observation["verdict"]
             assert verdict["passed"] and verdict["parts"]["outcome"] == 1.0
             state = env.state()
             assert (state["task_id"], state["run_id"], state["step_count"]) == (ref.task_id, ref.run_id, steps)
             assert state["done"] and state["reward"] == 1.0
-            # the user's stop marker ended it: the last observation is the user's closing turn
-            assert result.observation["role"] == "user" and "###STOP###" in result.observation["content"]
 
 
 def test_a_wrong_argument_control_gets_less_than_full_reward(server, interop_corpus):
@@ -107,7 +115,7 @@ def test_a_wrong_argument_control_gets_less_than_full_reward(server, interop_cor
     assert controls
     with GenericEnvClient(base_url=server).sync() as env:
         for control in controls:
-            result, _ = play(env, control)
+            result, _ = play(env, control, interop_corpus)
             assert result.done and result.reward < 1.0, control.task_id
             assert not result.observation["verdict"]["passed"]
 
@@ -118,11 +126,10 @@ def test_reset_serves_the_tasks_prompt_and_tools_and_picks_by_index_and_seed(ser
         assert env.reset(seed=0).observation["task_id"] == first["task_id"]
         assert env.reset(index=1).observation["task_id"] != first["task_id"]
         names = [t["function"]["name"] for t in first["tools"]]
-        assert names[-1] == "ask_user" and not {"verify", "judge", "reward"} & set(names)
+        assert names[-2:] == ["ask_user", "submit_answer"] and not {"verify", "judge", "reward"} & set(names)
         assert [m["role"] for m in first["messages"]] == ["system", "user"]
         assert first["content"] == first["messages"][1]["content"]
-        with pytest.raises(RuntimeError, match="no-such-task"):
-            env.reset(task_id="no-such-task")
+        assert "no-such-task" in env.reset(task_id="no-such-task").observation["error"]
 
 
 def test_two_clients_play_on_separate_states(server, interop_corpus):
@@ -139,7 +146,7 @@ def test_two_clients_play_on_separate_states(server, interop_corpus):
         for action in writes(ref):  # a's changes, twice over: b's observations would show them if shared
             a.step(action)
             a.step(action)
-        result, steps = play(b, ref, reset=False)
+        result, steps = play(b, ref, interop_corpus, reset=False)
         assert result.done and result.reward == 1.0, result.observation["verdict"]
         sa, sb = a.state(), b.state()
         assert sa["episode_id"] != sb["episode_id"]
@@ -157,11 +164,13 @@ def test_the_grader_is_neither_an_action_nor_a_tool(server, interop_corpus):
             result = env.step({"kind": "tool_call", "name": name, "arguments": {}})
             assert "unknown tool" in result.observation["content"]
             assert result.reward is None and not result.done
-        for action in ({"kind": "judge"}, {"kind": "finish", "reward": 1.0}, {"kind": "verify", "name": "x"}):
-            with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):
-                env.step(action)
+        for action in ({"kind": "judge"}, {"kind": "verify", "name": "x"}):  # not an action: an error observation
+            result = env.step(action)
+            assert "unknown action kind" in result.observation["error"] and result.reward is None and not result.done
+        with pytest.raises(RuntimeError, match="VALIDATION_ERROR"):  # a field no action has
+            env.step({"kind": "finish", "reward": 1.0})
         state = env.state()
-        assert state["reward"] is None and not state["done"] and state["step_count"] == 4
+        assert state["reward"] is None and not state["done"] and state["step_count"] == 6
 
 
 def test_the_typed_client_forwards_ask_user_tool_calls_and_finish_ends_the_episode(server, interop_corpus):
@@ -172,8 +181,10 @@ def test_the_typed_client_forwards_ask_user_tool_calls_and_finish_ends_the_episo
             if action["kind"] == "ask_user":  # as an LLM calls the offered ask_user tool
                 action = {"kind": "tool_call", "name": "ask_user", "arguments": {"message": action["message"]}}
             result = env.step(ToolUseAction(**action))
-            if result.done:
-                break
+            assert not result.done
+        submit = finish_of(interop_corpus, ref)  # as an LLM calls the offered submit_answer tool
+        result = env.step(ToolUseAction(kind="tool_call", name="submit_answer",
+                                        arguments={k: v for k, v in submit.items() if k == "answer"}))
         assert result.done and result.reward == 1.0 and result.observation.verdict["passed"]
         assert env.state().reward == 1.0
 
@@ -210,14 +221,13 @@ def test_sessions_beyond_the_servers_limit_are_refused(server):
 
 def test_a_query_chooses_the_served_tasks_and_an_endless_episode_is_cut_and_judged(interop_corpus):
     query = "SELECT run_id, task_id FROM accepted_tasks WHERE domain = 'retail'"
-    served = ServedTasks.load(interop_corpus, query=query, max_steps=3)
+    served = ServedTasks.load(interop_corpus, query=query, max_steps=3, allow_choice=True)
     domains = {served.tasks[k].domain for k in served.keys}
     assert domains == {"retail"} and len(served.keys) < len(ServedTasks.load(interop_corpus).keys)
     other = next(r["task_id"] for r in interop_corpus.read("tasks") if r["accepted"] and r["domain"] != "retail")
     env = SynthloopEnvironment(served)
     try:
-        with pytest.raises(ValueError, match=f"{other} is not among the {len(served.keys)} tasks"):
-            env.reset(task_id=other)
+        assert f"{other} is not among the {len(served.keys)} tasks" in env.reset(task_id=other).error
         env.reset(index=0)
         said = env.step(ToolUseAction(kind="tool_call", name="ask_user", arguments='{"message": "Which order?"}'))
         assert said.role == "user" and env.episode.messages[-2] == {"role": "assistant", "content": "Which order?"}

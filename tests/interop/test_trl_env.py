@@ -65,9 +65,16 @@ def references(corpus, library) -> list[Trajectory]:
 
 
 def play_as_trl(env, messages) -> list[dict]:
-    """Drive an environment the way TRL's tool loop does (methods called with keyword arguments); returns the
-    completion TRL would hand the reward function."""
+    """Drive an environment the way TRL's tool loop does (methods called with keyword arguments), submitting the
+    task's answer as a typed value before the closing message; returns the completion TRL would hand the reward
+    function."""
     completion = []
+    expected = env.episode.task.expected_answer
+    if expected:
+        answer = expected[0] if len(expected) == 1 else list(expected)
+        messages = [*messages[:-1], {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "submit_answer", "arguments": json.dumps({"answer": answer})}}]},
+                    messages[-1]]
     for m in messages[2:]:
         if m["role"] != "assistant":
             continue
@@ -96,7 +103,7 @@ def test_rows_route_to_classes_with_exactly_the_tasks_offered_tools(library, int
         env.reset(**{k: v for k, v in row.items() if k != "environment"})
         assert env.episode.prompt == row["prompt"] and row["prompt"][0]["role"] == "system"
         methods = {n for n in dir(type(env)) if not n.startswith("_") and callable(getattr(type(env), n))}
-        assert methods - {"reset"} == set(env.episode.tool_names) | {"ask_user"}
+        assert methods - {"reset"} == set(env.episode.tool_names) | {"ask_user", "submit_answer"}
 
 
 def test_the_reference_played_through_the_methods_gets_the_verifiers_reward(library, interop_corpus):
@@ -110,7 +117,7 @@ def test_the_reference_played_through_the_methods_gets_the_verifiers_reward(libr
         env.reset(run_id=row["run_id"], task_id=row["task_id"], prompt=row["prompt"])
         completion = play_as_trl(env, ref.messages)
         assert env.calls == len(ref.tool_calls) + sum(1 for m in completion if m.get("role") == "tool"
-                                                      and m["name"] == "ask_user")
+                                                      and m["name"] in ("ask_user", "submit_answer"))
         assert [c["function"]["name"] for c in env.episode.trajectory().tool_calls] == \
                [c["function"]["name"] for c in ref.tool_calls]  # the calls hit the environment, in order
         [score] = verifier_reward([completion], environments=[env])
