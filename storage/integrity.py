@@ -310,6 +310,13 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], str | None]:
         return {}, f"the run's manifest is {why}"
     except (ValueError, RecursionError) as exc:
         return {}, f"the run's manifest is not valid JSON ({type(exc).__name__}: {str(exc)[:120]})"
+    error = validate_manifest(data)
+    return ({}, f"the run's manifest is damaged: {error}") if error else (data, None)
+
+
+def validate_manifest(data: Any) -> str | None:
+    """None if ``data`` is a run manifest whose typed fields (``read_manifest``) are as written, else what is
+    wrong with it."""
     try:
         data = _obj(data, "the manifest")
         for key in ("stage", "status", "run_id"):
@@ -326,8 +333,8 @@ def read_manifest(path: Path) -> tuple[dict[str, Any], str | None]:
         if not isinstance(sources, list) or not all(isinstance(r, str) and _NAME.fullmatch(r) for r in sources):
             raise _Invalid("'sources' is not a list of run ids")
     except _Invalid as exc:
-        return {}, f"the run's manifest is damaged: {exc}"
-    return data, None
+        return str(exc)
+    return None
 
 
 def validate_marker(data: Any, run_id: str, stage: str, batch: int, *, part: bool = False) -> str | None:

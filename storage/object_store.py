@@ -51,7 +51,15 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from storage.corpus import Corpus, atomic_write_bytes
-from storage.integrity import ShardRecord, inside, log, marker_place, unlink_inside, validate_marker
+from storage.integrity import (
+    ShardRecord,
+    inside,
+    log,
+    marker_place,
+    unlink_inside,
+    validate_manifest,
+    validate_marker,
+)
 from storage.locks import RunLock, alive, lock_path
 
 SCHEMES = ("s3://",)
@@ -240,8 +248,8 @@ class ObjectCorpus(Corpus):
     def write_manifest(self, run_id: str, manifest: dict[str, Any], drop: Any = ()) -> None:
         """As ``Corpus.write_manifest``, the object first (so a ``pull`` never finds a local manifest the remote
         listing lacks while it is being written)."""
-        path = self.manifest_path(run_id)
-        current = json.loads(path.read_text()) if path.exists() else {}
+        path = inside(self.root, self.manifest_path(run_id))
+        current = self.manifest(run_id)  # a damaged one is replaced by what this run writes
         current.update(manifest)
         for name in drop:
             current.pop(name, None)
@@ -401,9 +409,12 @@ def diagnose_objects(corpus: ObjectCorpus) -> tuple[list[str], bool]:
     for run_id in runs:
         try:
             manifest = json.loads(corpus.store.get(f"_runs/{run_id}/manifest.json"))
-        except ValueError as exc:
+            error = validate_manifest(manifest)
+        except (ValueError, RecursionError) as exc:
+            error = f"not valid JSON ({exc})"
+        if error is not None:
             problems.append(ObjectProblem(corpus.store.where(f"_runs/{run_id}/manifest.json"), "marker",
-                                          f"the run's manifest cannot be read ({exc})", run_id, "?", -1))
+                                          f"the run's manifest is damaged: {error}", run_id, "?", -1))
             continue
         if not isinstance(manifest, dict) or manifest.get("status") != "complete":
             continue

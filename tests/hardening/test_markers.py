@@ -315,3 +315,27 @@ def test_a_remote_marker_naming_keys_out_of_the_prefix_deletes_nothing_from_the_
     assert victim.read_bytes() == SECRET
     assert found.returncode == 1
     assert_one_clean_line(found, "batch-00000.done.json: the done marker is damaged: the shard path of tasks")
+
+
+def test_a_catalog_that_is_a_link_to_another_database_leaves_that_database_alone(corpus, tmp_path):
+    """Every flow rebuilds ``catalog.duckdb`` at its end: through a link it used to write its views into the
+    link's target (here, a user's own DuckDB database)."""
+    import duckdb
+
+    from flows.synthesize import synthesize
+
+    victim = tmp_path / "mine.duckdb"
+    con = duckdb.connect(str(victim))
+    con.execute("CREATE TABLE mine AS SELECT 42 AS x")
+    con.close()
+    before = victim.read_bytes()
+    catalog = corpus / "catalog.duckdb"
+    catalog.unlink(missing_ok=True)
+    catalog.symlink_to(victim)
+
+    synthesize(config=CONFIG, corpus_root=str(corpus))  # every batch done: only the run's chores
+    assert victim.read_bytes() == before
+    assert not catalog.is_symlink() and catalog.is_file()
+    con = duckdb.connect(str(victim), read_only=True)
+    assert [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables()").fetchall()] == ["mine"]
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0
