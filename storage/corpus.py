@@ -252,9 +252,11 @@ class Corpus:
                 if place is not None:
                     entries.append((run, place[1], place[2], path, loaded))
         known = known_digests([loaded[0] for *_, loaded in entries])
+        folders: set[str] = set()  # checked once per scan: a run's batches share their table folders
         checks = []
         for run, stage, batch, path, loaded in entries:
-            check = check_batch(self.root, run, stage, batch, path, full=full, known=known, loaded=loaded)
+            check = check_batch(self.root, run, stage, batch, path, full=full, known=known, loaded=loaded,
+                                folders=folders)
             if check.problems and not full and read_marker(path) != loaded:
                 # the marker changed under us: a writer is redoing this batch; not done, and not damage
                 check = BatchCheck(run, stage, batch, None)

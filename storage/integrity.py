@@ -115,11 +115,12 @@ class OutsideCorpus(OSError):
         self.why = why
 
 
-def inside(root: Path, rel: str | Path) -> Path:
+def inside(root: Path, rel: str | Path, folders: set[str] | None = None) -> Path:
     """``root / rel``, once it cannot lead out of ``root`` (already resolved): ``rel`` relative (a corpus path,
     or a path under ``root``), no ``.``/``..``/empty part, and no folder below ``root`` on the way a symbolic
     link. The last part may be a link: readers refuse it (``lstat_inside``), deletion unlinks the link itself.
-    One ``lstat`` per folder (three for a shard), so every read can afford it. Raises ``OutsideCorpus``."""
+    One ``lstat`` per folder (three for a shard); ``folders``, the folders one scan has checked already, makes
+    that one per folder per scan. Raises ``OutsideCorpus``."""
     if isinstance(rel, Path):
         if not rel.is_absolute():
             rel = rel.as_posix()
@@ -133,6 +134,8 @@ def inside(root: Path, rel: str | Path) -> Path:
     here = str(root)
     for part in parts[:-1]:
         here = f"{here}/{part}"
+        if folders is not None and here in folders:
+            continue
         try:
             mode = os.lstat(here).st_mode
         except FileNotFoundError:
@@ -140,13 +143,15 @@ def inside(root: Path, rel: str | Path) -> Path:
         if stat.S_ISLNK(mode):
             raise OutsideCorpus(here, f"{part}/ is a symbolic link (to {os.readlink(here)}); the corpus does not "
                                       f"follow links out of its root: replace it by a folder")
+        if folders is not None:
+            folders.add(here)
     return root.joinpath(*parts)
 
 
-def lstat_inside(root: Path, rel: str) -> os.stat_result | None:
+def lstat_inside(root: Path, rel: str, folders: set[str] | None = None) -> os.stat_result | None:
     """The ``lstat`` of a corpus file (None when it is missing), refusing (``OutsideCorpus``) a path that leads
     out of the root and a file that is itself a symbolic link."""
-    path = inside(root, rel)
+    path = inside(root, rel, folders)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -439,7 +444,7 @@ def read_marker(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def check_batch(root: Path, run_id: str, stage: str, batch: int, marker_path: Path, *, full: bool = False,
-                known: dict[str, str] | None = None,
+                known: dict[str, str] | None = None, folders: set[str] | None = None,
                 loaded: tuple[dict[str, Any] | None, str | None] | None = None) -> BatchCheck:
     """Check the shards one done marker covers.
 
@@ -452,6 +457,7 @@ def check_batch(root: Path, run_id: str, stage: str, batch: int, marker_path: Pa
         full: Hash every shard, not only those whose size or mtime differ from the record.
         known: sha256 → path of every recorded shard of the corpus, to name the shard a swapped one copies.
         loaded: The marker as ``read_marker`` returned it, when the caller has read it already.
+        folders: The folders this scan has found to be no links (``inside``), shared between its batches.
     """
     marker, error = loaded if loaded is not None else read_marker(marker_path)
     check = BatchCheck(run_id, stage, batch, marker, marker_file=marker_path)
@@ -465,7 +471,7 @@ def check_batch(root: Path, run_id: str, stage: str, batch: int, marker_path: Pa
     check.legacy = "shards" not in marker
     for record in check.shard_records(root).values():
         problem = (_check_legacy(root, check, record) if check.legacy
-                   else _check_shard(root, check, record, full, known or {}))
+                   else _check_shard(root, check, record, full, known or {}, folders))
         if problem is not None:
             check.problems.append(problem)
     return check
@@ -486,10 +492,10 @@ def _parquet_problem(root: Path, check: BatchCheck, record: ShardRecord, path: P
 
 
 def _check_shard(root: Path, check: BatchCheck, record: ShardRecord, full: bool,
-                 known: dict[str, str]) -> Problem | None:
+                 known: dict[str, str], folders: set[str] | None = None) -> Problem | None:
     path = root / record.path
     try:
-        st = lstat_inside(root, record.path)
+        st = lstat_inside(root, record.path, folders)
     except OutsideCorpus as exc:
         return _problem(root, check, record, "outside", f"{exc.why}")
     if st is None:
