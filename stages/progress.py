@@ -57,7 +57,11 @@ class Progress:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
-            tmp.write_text(json.dumps(status))
+            # a new file, never one found at that name: a link planted in the corpus is not written through
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(json.dumps(status))
             tmp.replace(self.path)
         except OSError:  # a full disk must not fail the job over a progress line
             tmp.unlink(missing_ok=True)
@@ -67,6 +71,8 @@ def read_statuses(folder: Path) -> list[Status]:
     """Every job's latest status under ``folder`` (a file half-replaced or gone is skipped)."""
     out = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if path.is_symlink():  # not a file a job wrote: never followed out of the corpus
+            continue
         try:
             out.append(Status(**json.loads(path.read_text())))
         except (OSError, ValueError, TypeError):

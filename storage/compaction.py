@@ -39,7 +39,16 @@ import pyarrow.parquet as pq
 
 from schemas import TABLES
 from storage.corpus import Corpus, atomic_write_bytes
-from storage.integrity import MARKER_VERSION, BatchCheck, ShardRecord, file_sha256, log
+from storage.integrity import (
+    MARKER_VERSION,
+    BatchCheck,
+    ShardRecord,
+    file_sha256,
+    inside,
+    log,
+    open_nofollow,
+    unlink_inside,
+)
 from storage.locks import RunLock, lock_path
 
 # Arrow bytes (rows in memory, every table) of one part: a part is held in memory while it is sorted and
@@ -245,7 +254,8 @@ def _commit(path: Path, marker: dict[str, Any]) -> None:
 
 def _read_verified(root: Path, record: ShardRecord) -> pa.Table:
     """A shard's rows, the file hashed as it is read: one changed since the full check is refused."""
-    data = (root / record.path).read_bytes()
+    with open_nofollow(inside(root, record.path)) as fh:
+        data = fh.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != record.sha256:
         raise NotCompactable(f"{record.path}: its content changed since it was checked (sha256 {digest[:12]}…, "
@@ -261,6 +271,7 @@ def _write_table(root: Path, table: str, path: Path, arrow: pa.Table, row_group_
     row_group = min(1 << 17, max(4096, row_group_bytes // per_row))
     keys = [(k, "ascending") for k in SORT_KEYS if k in arrow.schema.names]
     order = pc.sort_indices(arrow, sort_keys=keys) if keys else None  # stable: ties keep batch order
+    path = inside(root, path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -286,20 +297,17 @@ def _retire(corpus: Corpus, part: BatchCheck, batches: Iterable[int],
     compaction killed between the two removes the rest next time). Returns the shard files removed."""
     removed = 0
     for b in batches:
-        corpus.marker_path(part.run_id, part.stage, b).unlink(missing_ok=True)
+        unlink_inside(corpus.root, corpus.marker_path(part.run_id, part.stage, b))
         paths = {corpus.root / r.path for r in records.get(b, {}).values()}
         paths |= {corpus.shard_path(t, part.run_id, part.stage, b) for t in TABLES}
-        for path in paths:
-            if path.exists():
-                path.unlink()
-                removed += 1
+        removed += sum(unlink_inside(corpus.root, path) for path in sorted(paths))
     return removed
 
 
 def _remove_part(corpus: Corpus, path: Path, marker: dict[str, Any] | None) -> None:
-    path.unlink(missing_ok=True)
-    for record in ((marker or {}).get("shards") or {}).values():
-        (corpus.root / record["path"]).unlink(missing_ok=True)
+    unlink_inside(corpus.root, path)
+    for record in ((marker or {}).get("shards") or {}).values():  # a valid marker's: its own part files
+        unlink_inside(corpus.root, record["path"])
     log.warning("removed %s: a compacted part that was damaged while its batches' own markers were still intact; "
                 "its batches are compacted again", path)
 
@@ -310,4 +318,4 @@ def _remove_unnamed_part_files(corpus: Corpus, run_id: str) -> None:
              for r in ((m or {}).get("shards") or {}).values()}
     for path in corpus.root.glob(f"*/run={run_id}/stage=*/compact-*.parquet"):
         if path not in named:
-            path.unlink()
+            unlink_inside(corpus.root, path)

@@ -37,10 +37,15 @@ from storage.integrity import (
     ShardRecord,
     check_batch,
     file_sha256,
+    inside,
     known_digests,
+    lstat_inside,
     log,
+    marker_place,
+    read_manifest,
     read_marker,
     record_written,
+    unlink_inside,
 )
 from storage.locks import alive
 from storage.selections import CURATION_VIEWS, selection_views
@@ -52,7 +57,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as fh:
+        # a new file, never one found there: a link planted at the temporary's name must not be written through
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
@@ -74,6 +82,12 @@ def _report(problems: list[Problem], root: Path) -> None:
         if line not in _REPORTED:
             _REPORTED.add(line)
             log.warning("corpus damage: %s; run `synthloop repair --root %s` to redo it", line, root)
+
+
+def _report_line(line: str) -> None:
+    if line not in _REPORTED:
+        _REPORTED.add(line)
+        log.warning("corpus damage: %s; `synthloop doctor` names it", line)
 
 
 
@@ -140,7 +154,7 @@ class Corpus:
 
     def _write_shard(self, table: str, rows: list[dict[str, Any]], run_id: str, stage: str, batch: int) -> ShardRecord:
         arrow = TABLES[table].to_arrow(rows)
-        path = self.shard_path(table, run_id, stage, batch)
+        path = inside(self.root, self.shard_path(table, run_id, stage, batch))  # no write through a linked folder
         sink = pa.BufferOutputStream()
         pq.write_table(arrow, sink, compression="zstd")
         data = sink.getvalue().to_pybytes()
@@ -152,7 +166,7 @@ class Corpus:
     ) -> None:
         """Write every table's shard for a batch, then its done marker: the batch summary and, per shard, its
         path, row count, size, mtime and sha256 (what every reader checks)."""
-        marker_path = self.marker_path(run_id, stage, batch)
+        marker_path = inside(self.root, self.marker_path(run_id, stage, batch))
         old, _ = read_marker(marker_path)
         held = self._remove_part_holding(run_id, stage, batch)
         old = old or held
@@ -175,13 +189,21 @@ class Corpus:
         """Remove the compacted part that holds ``batch`` (marker first, then its files) and return the batch's
         marker as the part kept it. The part's rows cannot be told apart by batch, so once one of its batches
         is rewritten the part cannot stand for the others: they are not done until redone (flows rewrite only
-        batches that are not done, i.e. a damaged part's, whose batches are all redone anyway)."""
+        batches that are not done, i.e. a damaged part's, whose batches are all redone anyway). A part marker
+        too damaged to say its batches is removed with its first batch (its file's name): the marker file only,
+        never a path it names (its files, if any, are removed by the next compaction as files no marker names)."""
         for path, (marker, _) in self.part_markers(run_id, stage):
-            if marker is None or batch not in marker.get("batches", ()):
+            if marker is None:
+                place = marker_place(path)
+                if place is not None and place[2] == batch and unlink_inside(self.root, path):
+                    log.warning("batch %d of run %s (stage %s) is rewritten: the damaged compacted part marker %s "
+                                "is removed", batch, run_id, stage, path)
                 continue
-            path.unlink(missing_ok=True)
-            for record in (marker.get("shards") or {}).values():
-                (self.root / record["path"]).unlink(missing_ok=True)
+            if batch not in marker["batches"]:
+                continue
+            unlink_inside(self.root, path)
+            for record in marker["shards"].values():
+                unlink_inside(self.root, record["path"])
             log.warning("batch %d of run %s (stage %s) is rewritten: its compacted part %s is removed, so its other "
                         "batches are not done until they are redone", batch, run_id, stage, path.name)
             return next((m for m in marker.get("markers", ()) if m.get("batch") == batch), None)
@@ -193,8 +215,11 @@ class Corpus:
         (a compaction interrupted before it removed it)."""
         own = self.marker_path(run_id, stage, batch)
         for path, loaded in self.part_markers(run_id, stage):
-            if loaded[0] is not None and batch in loaded[0].get("batches", ()):
-                part = check_batch(self.root, run_id, stage, int(loaded[0]["batch"]), path, full=full, loaded=loaded)
+            if loaded[0] is None and loaded[1] and (marker_place(path) or ("", "", -1))[2] == batch:
+                # a part marker too damaged to say its batches: its first batch is not done until redone
+                return check_batch(self.root, run_id, stage, batch, path, full=full, loaded=loaded)
+            if loaded[0] is not None and batch in loaded[0]["batches"]:
+                part = check_batch(self.root, run_id, stage, loaded[0]["batch"], path, full=full, loaded=loaded)
                 if part.intact or not own.exists():
                     return part
                 alone = check_batch(self.root, run_id, stage, batch, own, full=full)
@@ -219,14 +244,19 @@ class Corpus:
         entries = []
         for run in [run_id] if run_id else self.runs():
             for path in sorted((self.root / "_runs" / run).glob("*/batch-*.done.json")):
-                stage, batch = path.parent.name, int(path.name.split("-")[1].split(".")[0])
-                entries.append((run, stage, batch, path, read_marker(path)))
+                place = marker_place(path)
+                if place is not None:  # a name no writer makes (batch-x.done.json) is no batch's marker
+                    entries.append((run, place[1], place[2], path, read_marker(path)))
             for path, loaded in self.part_markers(run):
-                entries.append((run, path.parent.name, int(path.name.split("-")[1].split(".")[0]), path, loaded))
+                place = marker_place(path)
+                if place is not None:
+                    entries.append((run, place[1], place[2], path, loaded))
         known = known_digests([loaded[0] for *_, loaded in entries])
+        folders: set[str] = set()  # checked once per scan: a run's batches share their table folders
         checks = []
         for run, stage, batch, path, loaded in entries:
-            check = check_batch(self.root, run, stage, batch, path, full=full, known=known, loaded=loaded)
+            check = check_batch(self.root, run, stage, batch, path, full=full, known=known, loaded=loaded,
+                                folders=folders)
             if check.problems and not full and read_marker(path) != loaded:
                 # the marker changed under us: a writer is redoing this batch; not done, and not damage
                 check = BatchCheck(run, stage, batch, None)
@@ -246,21 +276,25 @@ class Corpus:
                 continue
             shards = {}
             for table, record in check.shard_records(self.root).items():
-                path = self.root / record.path
+                path = inside(self.root, record.path)
                 if check.legacy:
                     try:
                         pq.read_table(path)
                     except (OSError, pa.ArrowException):
                         shards = None  # unreadable rows: not recorded; doctor reports it once it is checked
                         break
-                st = path.stat()
+                st = lstat_inside(self.root, record.path)
+                if st is None:
+                    shards = None
+                    break
                 sha = record.sha256 if not check.legacy else file_sha256(path)
                 shards[table] = ShardRecord(table, record.path, record.rows, st.st_size, sha, st.st_mtime_ns).to_json()
             if shards is None:
                 continue
             marker = {**check.marker, "version": MARKER_VERSION, "shards": shards}
-            atomic_write_bytes(check.marker_file or self.marker_path(check.run_id, check.stage, check.batch),
-                                json.dumps(marker, sort_keys=True).encode())
+            atomic_write_bytes(inside(self.root, check.marker_file or self.marker_path(check.run_id, check.stage,
+                                                                                       check.batch)),
+                               json.dumps(marker, sort_keys=True).encode())
             rewritten += 1
         return rewritten
 
@@ -312,16 +346,19 @@ class Corpus:
 
     def write_manifest(self, run_id: str, manifest: dict[str, Any], drop: Iterable[str] = ()) -> None:
         """Merge fields into the run's manifest (and remove the ``drop`` keys)."""
-        path = self.manifest_path(run_id)
-        current = json.loads(path.read_text()) if path.exists() else {}
+        path = inside(self.root, self.manifest_path(run_id))
+        current = self.manifest(run_id)  # a damaged one is replaced by what this run writes
         current.update(manifest)
         for key in drop:
             current.pop(key, None)
         atomic_write_bytes(path, json.dumps(current, indent=2, sort_keys=True, default=str).encode())
 
     def manifest(self, run_id: str) -> dict[str, Any]:
-        path = self.manifest_path(run_id)
-        return json.loads(path.read_text()) if path.exists() else {}
+        """The run's manifest; {} when there is none or it is damaged (reported once, ``doctor`` names it)."""
+        manifest, error = read_manifest(self.manifest_path(run_id))
+        if error:
+            _report_line(f"{self.manifest_path(run_id)}: {error}")
+        return manifest
 
     def runs(self) -> list[str]:
         folder = self.root / "_runs"
@@ -347,8 +384,8 @@ class Corpus:
     def latest_run(self, stage: str = "synthesize") -> str | None:
         """The most recently finished run (by its manifest), or None."""
         done = [(p.stat().st_mtime, p.parent.name) for p in (self.root / "_runs").glob("*/manifest.json")
-                if json.loads(p.read_text()).get("status") == "complete"
-                and json.loads(p.read_text()).get("stage") == stage] if (self.root / "_runs").exists() else []
+                if read_manifest(p)[0].get("status") == "complete"
+                and read_manifest(p)[0].get("stage") == stage] if (self.root / "_runs").exists() else []
         return max(done)[1] if done else None
 
     def read(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -377,6 +414,11 @@ class Corpus:
     def write_catalog(self) -> Path | None:
         """(Re)build ``catalog.duckdb``: open it with the DuckDB CLI or ``duckdb.connect`` to query the corpus."""
         path = self.root / "catalog.duckdb"
+        for made in (path, path.with_name(path.name + ".wal")):
+            if made.is_symlink():  # DuckDB would write through it: the catalog is rebuilt as a file of its own
+                log.warning("corpus damage: %s is a symbolic link (to %s); removed the link, the catalog is "
+                            "rebuilt in its place", made, os.readlink(made))
+                made.unlink()
         try:
             con = duckdb.connect(str(path))
         except duckdb.IOException:
@@ -393,20 +435,24 @@ def _resolve_parts(checks: list[BatchCheck]) -> list[BatchCheck]:
     interrupted compaction, hold the same rows and are dropped, so no row is seen twice); a damaged part whose
     batches all still have intact markers of their own is an interrupted compaction that went wrong, and is
     dropped for them (``synthloop compact`` writes it again); any other damaged part is reported."""
-    parts = [c for c in checks if c.covers]
+    parts = [c for c in checks if c.is_part]
     if not parts:
         return checks
-    own = {(c.run_id, c.stage, c.batch): c for c in checks if not c.covers}
+    own = {(c.run_id, c.stage, c.batch): c for c in checks if not c.is_part}
     covered: set[tuple[str, str, int]] = set()
     kept = []
     for part in parts:
         keys = [(part.run_id, part.stage, b) for b in part.covers]
-        if part.intact:
+        if not part.covers:
+            # too damaged to say its batches: it stands (damaged) for its first one, which is redone, and the
+            # batches it held have no marker of their own, so they are not done either
+            covered.add((part.run_id, part.stage, part.batch))
+        elif part.intact:
             covered.update(keys)
         elif all(k in own and own[k].intact for k in keys):
             continue
         kept.append(part)
-    rest = [c for c in checks if not c.covers and (c.run_id, c.stage, c.batch) not in covered]
+    rest = [c for c in checks if not c.is_part and (c.run_id, c.stage, c.batch) not in covered]
     return sorted(rest + kept, key=lambda c: (c.run_id, c.stage, c.batch))
 
 

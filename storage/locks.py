@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import socket
 import threading
@@ -34,9 +35,19 @@ def lock_path(root: str | Path, name: str) -> Path:
 
 
 def _open(path: Path) -> int:
+    # the holder truncates and writes its record into the file: through a link planted in a corpus from
+    # elsewhere (``_locks/<run>.lock -> ~/.bashrc``) that would overwrite the link's target
+    if path.parent.is_symlink():
+        raise OSError(errno.ELOOP, f"the lock folder is a symbolic link (to {os.readlink(path.parent)}), which the "
+                                   f"corpus does not follow: replace it by a folder", str(path.parent))
+    if path.is_symlink():
+        logging.getLogger("synthloop.corpus").warning(
+            "corpus damage: %s is a symbolic link (to %s), not a lock this corpus made; removed the link", path,
+            os.readlink(path))
+        path.unlink()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     except OSError as exc:  # a read-only or foreign corpus: say which file could not be made
         raise OSError(exc.errno, f"cannot create the lock file ({exc.strerror})", str(path)) from None
 

@@ -51,13 +51,23 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 
 from storage.corpus import Corpus, atomic_write_bytes
-from storage.integrity import ShardRecord, log
+from storage.integrity import (
+    ShardRecord,
+    inside,
+    log,
+    marker_place,
+    unlink_inside,
+    validate_manifest,
+    validate_marker,
+)
 from storage.locks import RunLock, alive, lock_path
 
 SCHEMES = ("s3://",)
-_MARKER = re.compile(r"_runs/[^/]+/[^/]+/batch-\d{5}\.done\.json")
-_MANIFEST = re.compile(r"_runs/[^/]+/manifest\.json")
-_SHARD = re.compile(r"[^_][^/]*/run=[^/]+/stage=[^/]+/batch-\d{5}\.parquet")
+# a key's parts as the corpus names them: never '.' or '..', which would lead the mirror's copy out of its folder
+_PART = r"(?!\.\.?/)[^/]+"
+_MARKER = re.compile(rf"_runs/{_PART}/{_PART}/batch-\d{{5}}\.done\.json")
+_MANIFEST = re.compile(rf"_runs/{_PART}/manifest\.json")
+_SHARD = re.compile(rf"[^_./][^/]*/run={_PART}/stage={_PART}/batch-\d{{5}}\.parquet")
 
 # Damage lines already logged by this process: a flow opens the corpus many times, a user should read each once.
 _REPORTED: set[str] = set()
@@ -238,8 +248,8 @@ class ObjectCorpus(Corpus):
     def write_manifest(self, run_id: str, manifest: dict[str, Any], drop: Any = ()) -> None:
         """As ``Corpus.write_manifest``, the object first (so a ``pull`` never finds a local manifest the remote
         listing lacks while it is being written)."""
-        path = self.manifest_path(run_id)
-        current = json.loads(path.read_text()) if path.exists() else {}
+        path = inside(self.root, self.manifest_path(run_id))
+        current = self.manifest(run_id)  # a damaged one is replaced by what this run writes
         current.update(manifest)
         for name in drop:
             current.pop(name, None)
@@ -266,10 +276,10 @@ class ObjectCorpus(Corpus):
         problems: list[ObjectProblem] = []
         for path in local:
             if self.key(path) not in listing:
-                path.unlink(missing_ok=True)
+                unlink_inside(self.root, path)
         for key, stamp in listing.items():
             if _MANIFEST.fullmatch(key):
-                copy = self.root / key
+                copy = inside(self.root, key)
                 if not copy.exists() or (copy.stat().st_size, copy.stat().st_mtime_ns) != stamp:
                     atomic_write_bytes(copy, self.store.get(key))
                     os.utime(copy, ns=(stamp[1], stamp[1]))
@@ -287,14 +297,19 @@ class ObjectCorpus(Corpus):
         cached = self._markers.get(key)
         if cached is None or cached[0] != stamp or not (self.root / key).exists():
             data = self.store.get(key)
+            local = inside(self.root, key)
+            place = marker_place(local)
             try:
                 marker = json.loads(data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 marker = None
-            local = self.root / key
-            if not local.exists() or local.read_bytes() != data:
+            # the same format as a local marker's: a crafted one (a shard key with '../', another batch's) names
+            # no object to fetch and no mirror file to remove; the local check reports it from the copy below
+            if place is None or validate_marker(marker, *place[:3]) is not None:
+                marker = None
+            if local.is_symlink() or not local.exists() or local.read_bytes() != data:
                 atomic_write_bytes(local, data)  # an unreadable one too: the local check names it
-            cached = self._markers[key] = (stamp, marker if isinstance(marker, dict) else None)
+            cached = self._markers[key] = (stamp, marker)
         marker = cached[1]
         if marker is None:
             return []
@@ -311,15 +326,15 @@ class ObjectCorpus(Corpus):
 
     def _pull_shard(self, record: ShardRecord, committed: dict[str, int] | None,
                     remote: tuple[int, int] | None) -> tuple[str, str] | None:
-        local = self.root / record.path
+        local = inside(self.root, record.path)
         if remote is None:
-            local.unlink(missing_ok=True)
+            unlink_inside(self.root, record.path)
             return "missing", "the object is missing (deleted?)"
         moved = remote[0] != record.bytes or (committed is not None and
                                               (remote[0], remote[1]) != (committed["bytes"], committed["mtime_ns"]))
         try:
-            st = local.stat()
-            cached = st.st_size == record.bytes and st.st_mtime_ns == record.mtime_ns
+            st = local.lstat()
+            cached = st.st_size == record.bytes and st.st_mtime_ns == record.mtime_ns and not local.is_symlink()
         except FileNotFoundError:
             cached = False
         if cached and (not moved or self._verified.get(record.path) == remote):
@@ -331,11 +346,11 @@ class ObjectCorpus(Corpus):
 
     def _fetch(self, record: ShardRecord) -> tuple[str, str] | None:
         """Download one shard into the mirror if its bytes are the recorded ones; else remove the mirror's copy."""
-        local = self.root / record.path
+        local = inside(self.root, record.path)
         data = self.store.get(record.path)
         digest = hashlib.sha256(data).hexdigest()
         if len(data) != record.bytes or digest != record.sha256:
-            local.unlink(missing_ok=True)
+            unlink_inside(self.root, record.path)
             return "modified", (f"its content differs from what was committed ({len(data):,} bytes, sha256 "
                                 f"{digest[:12]}…; the done marker records {record.bytes:,} bytes, sha256 "
                                 f"{record.sha256[:12]}…)")
@@ -363,11 +378,18 @@ def diagnose_objects(corpus: ObjectCorpus) -> tuple[list[str], bool]:
         batch = int(name.split("-")[1].split(".")[0])
         try:
             marker = json.loads(corpus.store.get(key))
-            records = [ShardRecord.from_json(t, d) for t, d in marker["shards"].items()]
-        except (ValueError, KeyError, TypeError) as exc:
-            problems.append(ObjectProblem(corpus.store.where(key), "marker", f"the done marker cannot be read "
-                                          f"({type(exc).__name__}: {exc})", run_id, stage, batch))
+        except (ValueError, RecursionError) as exc:
+            problems.append(ObjectProblem(corpus.store.where(key), "marker", f"the done marker is not valid JSON "
+                                          f"({type(exc).__name__}: {str(exc)[:120]})", run_id, stage, batch))
             continue
+        error = validate_marker(marker, run_id, stage, batch)
+        if error is None and "shards" not in marker:
+            error = "'shards' is missing (an object-store marker always lists its objects)"
+        if error is not None:
+            problems.append(ObjectProblem(corpus.store.where(key), "marker", f"the done marker is damaged: {error}",
+                                          run_id, stage, batch))
+            continue
+        records = [ShardRecord.from_json(t, d) for t, d in marker["shards"].items()]
         for record in records:
             listed.add(record.path)
             shards += 1
@@ -387,9 +409,12 @@ def diagnose_objects(corpus: ObjectCorpus) -> tuple[list[str], bool]:
     for run_id in runs:
         try:
             manifest = json.loads(corpus.store.get(f"_runs/{run_id}/manifest.json"))
-        except ValueError as exc:
+            error = validate_manifest(manifest)
+        except (ValueError, RecursionError) as exc:
+            error = f"not valid JSON ({exc})"
+        if error is not None:
             problems.append(ObjectProblem(corpus.store.where(f"_runs/{run_id}/manifest.json"), "marker",
-                                          f"the run's manifest cannot be read ({exc})", run_id, "?", -1))
+                                          f"the run's manifest is damaged: {error}", run_id, "?", -1))
             continue
         if not isinstance(manifest, dict) or manifest.get("status") != "complete":
             continue
