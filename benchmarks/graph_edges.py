@@ -44,9 +44,10 @@ from envs import DOMAINS, Environment  # noqa: E402
 from generators.catalog import CatalogError, load_catalog  # noqa: E402
 from generators.graph import ToolGraph, normalise, output_fields  # noqa: E402
 from schemas import Tool  # noqa: E402
+from storage.external import shared_root  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CATALOGS = ROOT.parent / "shared" / "catalogs" / "openapi"
+CATALOGS = shared_root() / "catalogs" / "openapi"
 LABELS = Path(__file__).resolve().parent / "data" / "edge_labels.jsonl"
 TWILIO = ("twilio_api_v2010.json", "twilio_conversations_v1.json", "twilio_messaging_v1.json")
 

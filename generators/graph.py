@@ -39,7 +39,7 @@ from schemas import Tool, ToolEdge
 
 SCALARS = {"string", "integer", "number", "boolean"}
 # The last word of an identifier: ``petId``, ``account_sid``, ``api_key``, ``user_uuid``.
-KEY_WORDS = frozenset({"id", "sid", "uuid", "guid", "key"})
+KEY_WORDS = frozenset({"id", "sid", "uuid", "guid", "gid", "key"})
 # Words that say which role an entity plays, not which entity it is: ``from_account_id`` is an account id.
 ROLE_WORDS = frozenset({"from", "to", "source", "src", "target", "dest", "destination", "new", "old", "current",
                         "original", "other"})
@@ -57,7 +57,11 @@ VERBS = frozenset({"get", "fetch", "list", "show", "find", "read", "retrieve", "
                    "new", "register", "describe", "lookup"})
 # Words that end a schema's name without naming its entity: ``ListPetsResponse`` is about pets.
 GENERIC_WORDS = frozenset({"response", "result", "results", "list", "page", "object", "body", "data", "dto",
-                           "schema", "output", "item", "items", "entry", "record", "resource", "instance"})
+                           "schema", "output", "item", "items", "entry", "record", "resource", "instance", "compact"})
+# Words that start a schema's name without naming its entity: ``full-repository`` and ``minimal-repository`` are
+# both repositories, ``nullable-simple-user`` is a user.
+SCHEMA_QUALIFIERS = frozenset({"full", "minimal", "simple", "nullable", "compact", "base"})
+
 CREATE_VERBS = frozenset({"create", "add", "insert", "post", "new", "register"})
 # Scores: the same name; an entity's own id/sid; another name for the same entity; a foreign key; a response link.
 SAME_NAME, OWN_KEY, SAME_ENTITY, FOREIGN_KEY, LINK = 100.0, 95.0, 90.0, 100.0, 100.0
@@ -275,6 +279,8 @@ def holder_entity(name: str) -> tuple[str, ...]:
         ws = ws[1:]
     while len(ws) > 1 and ws[-1] in GENERIC_WORDS:
         ws.pop()
+    while len(ws) > 1 and ws[0] in SCHEMA_QUALIFIERS:
+        ws.pop(0)
     return _entity(ws)
 
 
@@ -338,6 +344,78 @@ class _Param:
     name: str
     type: str
     entity: tuple[str, ...] = ()
+    # A parameter of an HTTP route takes only its own entity's key or a more specific one: an ``issue_comment``'s
+    # id feeds ``comment_id``, a bare ``comment`` id never feeds ``issue_comment_id``.
+    strict: bool = False
+
+
+def _template(route: str, param: str) -> str | None:
+    """The route up to the template ``{param}``, template names erased (``/repos/{}/{}/issues/{}``): the address
+    of the resource that ``param`` is the key of; None if ``param`` is no template of the route."""
+    out = []
+    for segment in route.split("?")[0].split("/"):
+        if not segment:
+            continue
+        m = _TEMPLATE.match(segment)
+        out.append("{}" if m else segment.lower())
+        if m and m[1] == param:
+            return "/" + "/".join(out)
+    return None
+
+
+@dataclass(frozen=True)
+class _Resource:
+    """What a GET of ``/things/{key}`` says about the thing: its schema's entity and the result field that
+    carries the key (``number`` for ``{issue_number}``, ``gid`` for ``{task_gid}``, ``sid`` for ``{Sid}``)."""
+
+    entity: tuple[str, ...]
+    key_field: str | None
+
+
+def _top_fields(tool: Tool) -> list[OutputField]:
+    """The result's own fields: at its top, or inside a one-key envelope (Asana's ``data``)."""
+    fields = [f for f in output_fields(tool.returns) if "*" not in f.path]
+    top = [f for f in fields if len(f.path) == 1]
+    if not top:
+        heads = {f.path[0] for f in fields if len(f.path) == 2}
+        if len(heads) == 1:
+            top = [f for f in fields if len(f.path) == 2]
+    return top
+
+
+def _path_key(route: str, spec_name: str) -> tuple[str, tuple[str, ...]] | None:
+    """``(key word, entity)`` of a path template from the route alone: ``{Sid}`` after ``/Calls`` is a call's sid,
+    ``{issue_number}`` after ``/issues`` an issue's number; None when the name neither is an identifier nor
+    starts with its collection's name (``{owner}``, ``{repo}``)."""
+    collection = path_resource(route, before=spec_name)
+    ident = identifier(spec_name)
+    if ident:
+        key, entity = ident
+        return key, entity or collection
+    ws = words(spec_name)
+    n = len(collection)
+    if collection and len(ws) > n and tuple(singular(w) for w in ws[:n]) == collection:
+        return "_".join(ws[n:]), collection
+    return None
+
+
+def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
+    """The routes a GET reads one resource at (``/repos/{}/{}/issues/{}``), with what its result says."""
+    found: dict[str, _Resource] = {}
+    for tool in tools:
+        route, origin = _route(tool), _origin(tool)
+        segments = [s for s in route.split("?")[0].split("/") if s]
+        if str(origin.get("method", "")).lower() != "get" or not segments or not _TEMPLATE.match(segments[-1]):
+            continue
+        param = _TEMPLATE.match(segments[-1])[1]
+        typed = _path_key(route, param)
+        top = _top_fields(tool)
+        names = {normalise(f.name): f for f in top}
+        carrier = names.get(normalise(param)) or (names.get(typed[0]) if typed else None)
+        titles = [h for f in top for h in f.holder[:1]]
+        entity = holder_entity(titles[0]) if titles else ()
+        found.setdefault(_template(route, param) or route, _Resource(entity, carrier.name if carrier else None))
+    return found
 
 
 @dataclass
@@ -347,10 +425,35 @@ class _Index:
     identifiers: dict[tuple[str, str], list[_Param]] = field(default_factory=lambda: defaultdict(list))
     attributes: dict[str, list[_Param]] = field(default_factory=lambda: defaultdict(list))
     names: dict[str, list[_Param]] = field(default_factory=lambda: defaultdict(list))
+    # Key words of path templates that are no identifier words (``number`` of ``{issue_number}``): a result field
+    # of that name is looked up as a key too.
+    path_keys: set[str] = field(default_factory=set)
+    # What each tool takes as required input, as names and as typed keys: a result field equal to one of them
+    # echoes the call's own input.
+    inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
+    resources: dict[str, _Resource] = field(default_factory=dict)
+
+    def _typed_path_param(self, tool: Tool, spec_name: str) -> tuple[str, tuple[str, ...]] | None:
+        """A path template as ``(key word, entity)``, the entity made as specific as the GET of its resource says
+        (``{comment_id}`` under ``/pulls/comments`` is a ``pull request review comment``'s id)."""
+        route = _route(tool)
+        typed = _path_key(route, spec_name)
+        if typed is None:
+            return None
+        key, entity = typed
+        if not entity:
+            return None
+        res = self.resources.get(_template(route, spec_name) or "")
+        if res and res.entity and len(res.entity) > len(entity) and res.entity[-len(entity):] == entity:
+            entity = res.entity
+        return key, entity
 
     def add(self, tool: Tool) -> None:
         schema = tool.parameters or {}
         places = _origin(tool).get("args") or {}
+        routed = bool(_route(tool))
+        required = set(schema.get("required") or ())
+        names, typed_inputs = self.inputs.setdefault(tool.name, (set(), set()))
         for pname, sub in (schema.get("properties") or {}).items():
             ptype = _type_of(sub, schema, frozenset())
             if not ptype:
@@ -359,17 +462,32 @@ class _Index:
             # the spec's own name: the importer renames a body field that clashes ("body_AccountSid")
             spec_name = place.get("name", pname) if isinstance(place, dict) else pname
             self.names[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
+            in_path = routed and _in_path(tool, pname)
+            given = pname in required or in_path
+            if given:
+                names.add(normalise(spec_name))
+            typed = self._typed_path_param(tool, spec_name) if in_path else None
             ident = identifier(spec_name)
-            if ident:
+            if typed:
+                key, entity = typed
+                if key not in KEY_WORDS:
+                    self.path_keys.add(key)
+                self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
+                if given:
+                    typed_inputs.add(typed)
+            elif ident:
                 key, entity = ident
                 entity = entity or _param_entity(tool, pname)
                 if entity:
-                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity))
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed))
+                    if given:
+                        typed_inputs.add((key, entity))
             elif plain_attribute(spec_name, ptype) and not _closed_list(sub, schema) and (
-                    not tool.mutates or _in_path(tool, pname)):
+                    in_path if routed else not tool.mutates):
                 # A write's other arguments are the new values the user chooses (a new city, a new limit), and a
-                # value from a closed list is a choice too; a read's (a lookup by email, a filter by date) and a
-                # path's (``/repositories/{username}/{slug}`` names the record) can come from an earlier result.
+                # value from a closed list is a choice too; a read's (a lookup by email, a filter by date) can
+                # come from an earlier result. Behind an HTTP route, only the path names a record
+                # (``/repositories/{username}/{slug}``): its query arguments are filters the user picks.
                 self.attributes[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
 
 
@@ -394,6 +512,7 @@ class ToolGraph:
         domain = next(iter(tools.values())).domain if tools else ""
         g = nx.DiGraph()
         index = _Index()
+        index.resources = resources(tools.values())
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
             index.add(t)
@@ -405,13 +524,15 @@ class ToolGraph:
                 related[r].add(c)
         found: dict[tuple[str, str], dict[tuple[tuple[str, ...], str], dict[str, Any]]] = defaultdict(dict)
 
-        def bind(u: str, v: str, path: tuple[str, ...], param: str, kind: str, score: float) -> None:
+        def bind(u: str, v: str, path: tuple[str, ...], param: str, kind: str, score: float,
+                 echo: bool = False) -> None:
             if u == v:
                 return
             edge = found[u, v]
             old = edge.get((path, param))
             if old is None or (score > old["score"] and old["kind"] != "link"):
-                edge[path, param] = {"path": path, "param": param, "kind": kind, "score": score}
+                edge[path, param] = {"path": path, "param": param, "kind": kind, "score": score,
+                                     **({"echo": True} if echo else {})}
 
         by_operation = {t.name: t.name for t in tools.values()}
         for t in tools.values():
@@ -421,8 +542,12 @@ class ToolGraph:
         for u in tools.values():
             for v, path, param in _links(u, tools, by_operation):
                 bind(u.name, v, path, param, "link", LINK)
-            for out, kind, score, target in _candidates(u, index, related):
-                bind(u.name, target.tool, out.path, target.name, kind, score)
+            names, typed = index.inputs.get(u.name, (set(), set()))
+            for out, kind, score, target, identity in _candidates(u, index, related):
+                # the field gives back what u was called with (every Twilio result's ``account_sid``, a fetch's
+                # own ``sid``): v may take it, but the value was known before u ran, so v does not depend on u
+                echo = normalise(out.name) in names or identity in typed
+                bind(u.name, target.tool, out.path, target.name, kind, score, echo)
         for (u, v), edge in found.items():
             g.add_edge(u, v, bindings=list(edge.values()))
         return cls(domain, tools, g)
@@ -433,6 +558,20 @@ class ToolGraph:
             for u, v, data in self.graph.edges(data=True)
             for b in data["bindings"]
         ]
+
+    def dependencies(self) -> list[ToolEdge]:
+        """The bindings that are dependencies: ``edges()`` less the echoes (a result field that gives back the
+        tool's own input, ``echo`` on the binding). The sampler may still chain along an echo (fetch an order,
+        then cancel it); counts of what depends on what leave them out."""
+        return [
+            ToolEdge(self.domain, u, v, ".".join(b["path"]), b["param"], b["kind"], b["score"])
+            for u, v, data in self.graph.edges(data=True)
+            for b in data["bindings"] if not b.get("echo")
+        ]
+
+    def dependency_pairs(self) -> set[tuple[str, str]]:
+        """Tool pairs ``(u, v)`` with at least one binding that is no echo."""
+        return {(u, v) for u, v, data in self.graph.edges(data=True) if any(not b.get("echo") for b in data["bindings"])}
 
     def bindings(self, u: str, v: str) -> list[dict[str, Any]]:
         return self.graph.edges[u, v]["bindings"] if self.graph.has_edge(u, v) else []
@@ -461,12 +600,15 @@ class ToolGraph:
 
 def _candidates(
     u: Tool, index: _Index, related: dict[str, set[str]]
-) -> Iterator[tuple[OutputField, str, float, _Param]]:
-    """``(field, kind, score, parameter)`` for every parameter a result field of ``u`` feeds."""
+) -> Iterator[tuple[OutputField, str, float, _Param, tuple[str, tuple[str, ...]] | None]]:
+    """``(field, kind, score, parameter, identity)`` for every parameter a result field of ``u`` feeds; the
+    identity is the ``(key word, entity)`` the field was matched as, None for an attribute or a foreign key."""
     resource = None
     for out in output_fields(u.returns):
         norm = normalise(out.name)
-        ident = identifier(out.name)
+        named = identifier(out.name)
+        # a key of a path template that is no identifier word (an issue's ``number``) is the key of what holds it
+        ident = named or ((norm, ()) if norm in index.path_keys else None)
         if ident:
             key, entity = ident
             if entity:
@@ -478,17 +620,18 @@ def _candidates(
                 entities = [resource]
             for entity in dict.fromkeys(e for e in entities if e):
                 for p in index.identifiers.get((key, entity[-1]), ()):
-                    if same_entity(entity, p.entity) and _feeds_identifier(out.type, p.type):
+                    agree = entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
+                    if agree and _feeds_identifier(out.type, p.type):
                         score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY
-                        yield out, "name", score, p
-        elif plain_attribute(out.name, out.type):
+                        yield out, "name", score, p, (key, entity)
+        if not named and plain_attribute(out.name, out.type):
             for p in index.attributes.get(norm, ()):
                 if _types_compatible(out.type, p.type):
-                    yield out, "name", SAME_NAME, p
+                    yield out, "name", SAME_NAME, p, None
         for other in related.get(norm, ()):
             for p in index.names.get(other, ()):
                 if _types_compatible(out.type, p.type):
-                    yield out, "entity", FOREIGN_KEY, p
+                    yield out, "entity", FOREIGN_KEY, p, None
 
 
 def _links(

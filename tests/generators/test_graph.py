@@ -266,7 +266,7 @@ def test_self_referencing_foreign_keys_add_nothing() -> None:
     ]
     graph = ToolGraph.build(tools, foreign_keys=[("user_id", "user_id")])
     assert graph.bindings("list_teams", "get_user") == [
-        {"path": ("*", "user_id"), "param": "user_id", "kind": "name", "score": 100.0}
+        {"path": ("*", "user_id"), "param": "user_id", "kind": "name", "score": 100.0, "echo": True}
     ]
 
 
@@ -589,3 +589,64 @@ def test_coverage_merge_and_dict_round_trip() -> None:
     assert restored.to_dict() == a.to_dict()
     assert restored.summary()["tool_coverage"] == 0.5
     assert restored.summary()["pair_coverage"] == 0.5
+
+
+# --- entity typing on HTTP routes, echoes, and the built-in domains left as they were ---------------------------
+
+# sha256 (first 16 hex) of each built-in domain's sorted edge rows, computed on the code before entity typing
+# (commit 5bf136d): the default run's corpus depends on these graphs, so they must not move.
+BUILTIN_EDGE_HASHES = {"banking": (75, "e287e630c15ed4c7"), "calendar": (182, "00b033e5a86a83f0"),
+                       "files": (140, "d339a31171dc7208"), "retail": (59, "949c0831bf52fa77")}
+
+
+@pytest.mark.parametrize("domain", sorted(BUILTIN_EDGE_HASHES))
+def test_builtin_domain_edges_are_unchanged(domain: str) -> None:
+    import hashlib
+    import json
+
+    env = Environment(DOMAINS[domain], 0)
+    graph = ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys())
+    rows = sorted(json.dumps([e.src, e.dst, e.src_field, e.dst_param, e.kind, e.score]) for e in graph.edges())
+    assert (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]) == BUILTIN_EDGE_HASHES[domain]
+
+
+def test_an_issue_number_in_the_path_is_fed_by_the_issue_s_number() -> None:
+    """``{issue_number}`` after ``/issues`` is an issue's ``number``: creating an issue feeds getting it."""
+    issue = {"type": "object", "title": "Issue", "properties": {"id": INT, "number": INT, "title": STR}}
+    tools = [
+        _tool("issues_create", {"owner": STR, "repo": STR, "title": STR}, issue, mutates=True,
+              path="/repos/{owner}/{repo}/issues"),
+        _tool("issues_get", {"owner": STR, "repo": STR, "issue_number": INT}, issue,
+              path="/repos/{owner}/{repo}/issues/{issue_number}"),
+    ]
+    assert ("issues_create", "issues_get", "number", "issue_number") in _bound(ToolGraph.build(tools))
+
+
+def test_a_route_s_key_takes_no_less_specific_entity() -> None:
+    """A bare ``service_sid`` does not feed ``/Services/{ChatServiceSid}``: a chat service is one kind of service,
+    and the old suffix rule joined any service's sid to it; a ``chat_service_sid`` still does."""
+    tools = [
+        _tool("FetchThing", {"Sid": STR}, {"type": "object", "properties": {
+            "sid": STR, "service_sid": STR, "chat_service_sid": STR}}, path="/v1/Things/{Sid}"),
+        _tool("FetchChatService", {"ChatServiceSid": STR}, {"type": "object", "properties": {"sid": STR}},
+              path="/v1/Services/{ChatServiceSid}"),
+    ]
+    bound = _bound(ToolGraph.build(tools))
+    assert ("FetchThing", "FetchChatService", "chat_service_sid", "ChatServiceSid") in bound
+    assert ("FetchThing", "FetchChatService", "service_sid", "ChatServiceSid") not in bound
+
+
+def test_a_field_that_echoes_the_tool_s_own_input_is_no_dependency() -> None:
+    """Every Twilio result carries the ``account_sid`` it was called with: an edge, flagged, not a dependency."""
+    call = {"type": "object", "properties": {"sid": STR, "account_sid": STR, "parent_call_sid": STR}}
+    tools = [
+        _tool("FetchCall", {"AccountSid": STR, "Sid": STR}, call, path="/Accounts/{AccountSid}/Calls/{Sid}"),
+        _tool("ListRecording", {"AccountSid": STR, "CallSid": STR}, {"type": "object", "properties": {}},
+              path="/Accounts/{AccountSid}/Calls/{CallSid}/Recordings"),
+    ]
+    graph = ToolGraph.build(tools)
+    assert ("FetchCall", "ListRecording", "account_sid", "AccountSid") in _bound(graph)
+    deps = {(e.src, e.dst, e.src_field, e.dst_param) for e in graph.dependencies()}
+    assert ("FetchCall", "ListRecording", "account_sid", "AccountSid") not in deps
+    assert ("FetchCall", "ListRecording", "sid", "CallSid") not in deps  # the call's own sid: an input too
+    assert ("FetchCall", "ListRecording", "parent_call_sid", "CallSid") in deps
