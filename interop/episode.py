@@ -18,12 +18,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
+
 from envs import ToolEnvironment
 from envs.base import observation
 from generators.agents import STOP, ScriptedUser, system_prompt
 from generators.sources import Environments
 from schemas import Message, Task, Trajectory, Verdict
 from storage import Corpus
+from storage.sql import empty_split, first_line, require_split, split_view, user_query
 from training.evaluate import offered_tools
 from training.grpo import reward
 from verifiers.checks import Submitted, answer_schema, verify
@@ -220,21 +223,26 @@ class TaskLibrary:
     def keys(self, *, split: str | None = None, query: str | None = None, limit: int | None = None
              ) -> list[tuple[str, str]]:
         """``(run_id, task_id)`` of the tasks asked for, in a stable order: a split's members, the rows of a query
-        that returns ``run_id, task_id``, or every accepted task."""
+        that returns ``run_id, task_id`` (one ``SELECT``, on a connection that can read only the corpus), or every
+        accepted task. ``ValueError`` (one line) for an unknown split, an empty one of an uncurated corpus, or a
+        query that is not one ``SELECT`` or fails."""
         if split and query:
             raise ValueError("name a split or a query, not both")
         if split:
-            sql = f"SELECT DISTINCT run_id, task_id FROM split_{split}"
-        elif query:
-            sql = f"SELECT DISTINCT run_id, task_id FROM ({query})"
-        else:
-            sql = "SELECT DISTINCT run_id, task_id FROM accepted_tasks"
+            split_view(split)  # an unknown name is refused before the corpus is read
         con = self.corpus.connect()
         try:
-            rows = con.execute(f"{sql} ORDER BY 1, 2" + (f" LIMIT {int(limit)}" if limit else "")).fetchall()
-        except Exception as exc:  # noqa: BLE001 - a missing split or a wrong query is the caller's to fix: say which
+            tail = " ORDER BY 1, 2" + (f" LIMIT {int(limit)}" if limit else "")
+            if query:  # bound as a relation, never pasted into ours
+                rows = user_query(con, query).query("q", f"SELECT DISTINCT run_id, task_id FROM q{tail}").fetchall()
+            else:
+                source = require_split(con, split, self.corpus.root) if split else "accepted_tasks"
+                rows = con.execute(f"SELECT DISTINCT run_id, task_id FROM {source}{tail}").fetchall()
+            if split and not rows and (error := empty_split(con, split, self.corpus.root)):
+                raise error
+        except duckdb.Error as exc:  # a query naming a column or view that is not there: the caller's to fix
             raise ValueError(f"cannot list tasks of {self.corpus.root} ({split or query or 'accepted_tasks'}): "
-                             f"{exc}") from exc
+                             f"{first_line(exc)}") from None
         finally:
             con.close()
         return [(r[0], r[1]) for r in rows]

@@ -13,6 +13,7 @@ from schemas.records import (
     ToolEdge,
     Trajectory,
     Verdict,
+    offered_tools,
 )
 from schemas.tables import TABLES, Table
 from schemas.verifier import COMPONENTS, Component, VerifierSpec
@@ -35,4 +36,5 @@ __all__ = [
     "Trajectory",
     "Verdict",
     "VerifierSpec",
+    "offered_tools",
 ]

@@ -9,6 +9,8 @@ JSON text in Parquet, so that one Arrow schema fits every domain.
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -161,6 +163,16 @@ class Task:
     def verifier_spec(self) -> VerifierSpec:
         """``verifier`` (the stored JSON) as typed records; ``ValueError`` naming the entry if it is malformed."""
         return VerifierSpec.from_json(self.verifier)
+
+
+def offered_tools(task_id: str, own: Iterable[str], available: Iterable[str], distractors: int = 2) -> list[str]:
+    """The tools a task is offered wherever a model plays or learns it (evaluation, SFT, GRPO, the outside
+    harnesses, the exports): its own plus ``distractors`` others of ``available`` (its domain's), seeded by the
+    task id, so the same task always sees the same set."""
+    own = sorted(set(own))
+    others = sorted(set(available) - set(own))
+    random.Random(task_id).shuffle(others)
+    return sorted(own + others[:distractors])
 
 
 @dataclass

@@ -49,6 +49,7 @@ from storage.integrity import (
 )
 from storage.locks import alive
 from storage.selections import CURATION_VIEWS, selection_views
+from storage.sql import confine
 
 DEFAULT_ROOT = Path("data/corpus")
 
@@ -406,9 +407,12 @@ class Corpus:
         return TABLES[table].from_arrow(pa.concat_tables(parts))
 
     def connect(self, database: str = ":memory:") -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with a view per table and the convenience views below."""
+        """A DuckDB connection with a view per table and the convenience views below, which can open the
+        corpus's shards and no other file (``storage.sql.confine``: queries here include users' own)."""
         con = duckdb.connect(database)
-        create_views(con, self.intact_shards())
+        shards = self.intact_shards()
+        create_views(con, shards)
+        confine(con, [f for files in shards.values() for f in files])
         return con
 
     def write_catalog(self) -> Path | None:

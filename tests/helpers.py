@@ -117,16 +117,25 @@ def need_pids_cgroup() -> None:
         pytest.skip(f"no pids cgroup here: {exc.reason}")
 
 
-def scripted_corpus(root, *, run_name: str, n_tasks: int, depth_max: int):
+def scripted_corpus(root, *, run_name: str, n_tasks: int, depth_max: int, catalog: bool = False):
     """A one-batch corpus synthesized by the scripted agents (no model), its manifest carrying the config so
-    ``generators.sources.Environments`` reopens each task's environment."""
+    ``generators.sources.Environments`` reopens each task's environment; ``catalog``: with the run's ``tools``
+    and ``tool_edges`` too, as the synthesize flow writes them (the exports read the tools' schemas there)."""
     from generators.config import SynthesizeConfig
-    from stages.synthesize import run_batch
+    from generators.sources import open_sources
+    from stages.synthesize import catalog_rows, run_batch
     from storage import Corpus
 
     corpus = Corpus(root)
     config = SynthesizeConfig(run_name=run_name, n_tasks=n_tasks, batch_size=n_tasks, agents=SCRIPTED,
                               sampling={"depth_max": depth_max})
+    if catalog:
+        sources = open_sources(config)
+        try:
+            corpus.write_batch(config.run_id, "catalog", 0, catalog_rows(sources), {"domains": list(sources)})
+        finally:
+            for src in sources.values():
+                src.close()
     result = run_batch(config, 0)
     corpus.write_batch(config.run_id, "synthesize", 0, result.tables, result.summary)
     corpus.write_manifest(config.run_id, {"stage": "synthesize", "status": "complete", "config": config.model_dump()})

@@ -11,7 +11,6 @@ rule renders the SFT data, so training and rollout show the policy the same syst
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,16 +18,14 @@ from typing import Any
 from envs import Environment
 from generators.agents import ScriptedUser, run_episode
 from schemas import Message, Task, Trajectory, Verdict
+from schemas import offered_tools as offer
 from training.policy import bf16_available, parse_assistant, render
 from verifiers.checks import verify
 
 
 def offered_tools(task: Task, env: Environment, distractors: int = 2) -> list[str]:
     """The task's tools plus ``distractors`` other tools of its domain (seeded by the task id)."""
-    own = sorted({s.tool for s in task.reference_plan})
-    others = sorted(set(env.specs) - set(own))
-    random.Random(task.task_id).shuffle(others)
-    return sorted(own + others[:distractors])
+    return offer(task.task_id, (s.tool for s in task.reference_plan), env.specs, distractors)
 
 
 def held_out_sql(share: float = 0.1, seed: int = 0) -> str:

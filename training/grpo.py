@@ -46,6 +46,7 @@ from generators.strict import StrictModel
 from schemas import Message, Task, Trajectory, Verdict
 from schemas.verifier import components
 from storage import Corpus
+from storage.sql import SplitName, require_split
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import (
     StaleWeights,
@@ -65,8 +66,8 @@ class GRPOSettings(StrictModel):
 
     policy: str | None = Field(None, description="Starting policy folder; empty = the SFT stage's result, or the "
                                                  "embedded base when SFT is skipped.")
-    split: str = Field("rl_v1", description="Tasks to train on (the boundary bucket of the curation).")
-    fallback_split: str | None = Field("sft_v1", description="Used when `split` is empty (e.g. the curation's target "
+    split: SplitName = Field("rl_v1", description="Tasks to train on (the boundary bucket of the curation).")
+    fallback_split: SplitName | None = Field("sft_v1", description="Used when `split` is empty (e.g. the curation's target "
                                                              "model found no boundary task); null = refuse.")
     max_depth: int | None = Field(2, ge=1, le=6, description="Only tasks this deep or shallower (short episodes).")
     adapter: Literal["lora", "full"] = Field("lora")
@@ -385,7 +386,8 @@ def task_pool(corpus: Corpus, settings: GRPOSettings) -> tuple[list[tuple[Task, 
     for split in (settings.split, settings.fallback_split):
         if split is None:
             continue
-        keys = [k for k in con.execute(f"SELECT DISTINCT s.run_id, s.task_id FROM split_{split} s JOIN accepted_tasks "
+        view = require_split(con, split, corpus.root)
+        keys = [k for k in con.execute(f"SELECT DISTINCT s.run_id, s.task_id FROM {view} s JOIN accepted_tasks "
                                        f"t USING (run_id, task_id) WHERE true {depth} ORDER BY 1, 2").fetchall()
                 if k not in held]
         if keys:

@@ -21,6 +21,7 @@ from generators.sources import Environments
 from generators.strict import StrictModel
 from schemas import Task
 from storage import Corpus
+from storage.sql import SplitName, require_split
 from training.evaluate import held_out_sql, offered_tools
 from training.policy import bf16_available, load_tokenizer, policy_path, render, weights_digest
 
@@ -29,7 +30,7 @@ class SFTSettings(StrictModel):
     """Knobs of the SFT stage."""
 
     policy: str | None = Field(None, description="Base policy: a transformers folder or hub id; empty = the embedded SmolLM2-135M.")
-    split: str = Field("sft_v1", description="The named split to train on.")
+    split: SplitName = Field("sft_v1", description="The named split to train on.")
     adapter: Literal["lora", "full"] = Field("full", description="Full fine-tuning or a LoRA adapter (smaller, "
                                                                  "slower to learn on a 135M model).")
     lora_r: int = Field(16, ge=1, le=256)
@@ -54,7 +55,8 @@ def training_rows(corpus: Corpus, settings: SFTSettings) -> list[dict[str, Any]]
     """``messages`` + ``tools`` rows of the split, held-out tasks excluded, tools offered as at evaluation."""
     con = corpus.connect()
     held = set(con.execute(held_out_sql(settings.held_out_share, settings.seed)).fetchall())
-    rows = con.execute(f"SELECT run_id, task_id, messages FROM split_{settings.split} ORDER BY hash(task_id)").fetchall()
+    view = require_split(con, settings.split, corpus.root)
+    rows = con.execute(f"SELECT run_id, task_id, messages FROM {view} ORDER BY hash(task_id)").fetchall()
     tasks = {(t["run_id"], t["task_id"]): Task.from_row(t) for t in corpus.read("tasks")}
     environments = Environments(corpus)
     out = []

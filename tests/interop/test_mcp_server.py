@@ -267,7 +267,8 @@ def test_a_bad_selection_is_refused_with_its_name(interop_corpus, tmp_path):
     missing = run("--corpus", str(interop_corpus.root), "--task", "no-such-task")
     assert missing.returncode == 2 and "no task no-such-task" in missing.stderr
     split = run("--corpus", str(interop_corpus.root), "--split", "nope")
-    assert split.returncode == 2 and "split_nope" in split.stderr
+    assert split.returncode == 2 and split.stderr.strip() == (
+        "synthloop mcp failed: unknown split 'nope'; known: sft_v1, rl_v1")
     assert run("--corpus", str(tmp_path)).returncode == 2
 
 

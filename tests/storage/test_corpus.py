@@ -275,7 +275,7 @@ def test_export_trl_loads_with_datasets_and_lists_the_tools_used(corpus: Corpus,
     assert len(ds) == n and sorted(ds["task_id"]) == sorted(accepted)
     references = {t["task_id"]: t for t in batch[0]["trajectories"] if t["role"] == "reference"}
     for row in ds:
-        tools = json.loads(row["tools"])
+        tools = row["tools"]  # JSON objects (an Arrow JSON column), as chat templates take them
         assert tools and all(t["type"] == "function" and set(t["function"]) == {"name", "description", "parameters"}
                              and t["function"]["parameters"]["type"] == "object" for t in tools)
         names = {t["function"]["name"] for t in tools}
