@@ -271,7 +271,7 @@ MAX_STATE_ENTRIES = 10_000
 """The most files, folders and links a working copy may hold."""
 MAX_STATE_DEPTH = 32
 """How deep its folders may nest."""
-MAX_STATE_VALUES = 2_000_000
+MAX_STATE_VALUES = 500_000
 """The most values (SQLite cells, JSON values) the host turns into rows: what they cost in memory, not on disk,
 is what a small file of tiny records makes large."""
 
@@ -678,15 +678,18 @@ def _json_tables(tree: dict[str, _Entry], rel: str, rows: dict, keys: dict, colu
         else:
             key_fields = []
         out: dict[str, dict[str, Any]] = {}
+        taken: dict[str, int] = {}  # the last suffix given per key: a million equal records must not probe 1..n each
         for r in sorted(group, key=lambda r: json.dumps(r, sort_keys=True, default=str)):
             if key_fields:
                 key = "|".join("" if r.get(f) is None else str(r.get(f)) for f in key_fields)
             else:
                 key = hashlib.sha256(json.dumps(r, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-            unique, n = key, 1
+            n = taken.get(key, 1)
+            unique = key if n == 1 else f"{key}#{n}"
             while unique in out:
                 n += 1
                 unique = f"{key}#{n}"
+            taken[key] = n
             out[unique] = r
         rows[table] = out
         keys[table] = key_fields if natural is not None and len(key_fields) > 1 else []
