@@ -265,35 +265,152 @@ def _clip(text: str, limit: int = 200) -> str:
 # --- the working copy -------------------------------------------------------------------------------------------
 
 
+MAX_STATE_BYTES = 64 << 20
+"""The most file bytes the host reads from a working copy (as much as the server's private tmpfs may hold)."""
+MAX_STATE_ENTRIES = 10_000
+"""The most files, folders and links a working copy may hold."""
+MAX_STATE_DEPTH = 32
+"""How deep its folders may nest."""
+MAX_STATE_VALUES = 500_000
+"""The most values (SQLite cells, JSON values) the host turns into rows: what they cost in memory, not on disk,
+is what a small file of tiny records makes large."""
+
+
+class DamagedState(MCPError):
+    """A working copy the host refuses to read: a link out of it, a special file, something that changed while it
+    was read, or more than the caps allow. The environment is then damaged: no call runs on it any more."""
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One thing in a working copy as the host read it: a folder, a file (its bytes) or a link (its target)."""
+
+    kind: str  # "dir" | "file" | "link"
+    mode: int = 0
+    data: bytes = b""
+    target: str = ""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a file swapped for a FIFO after it was listed must not hang the open
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class _Reader:
+    """Reads a working copy into memory, one directory descriptor at a time.
+
+    The server runs while the host reads, and may swap any folder for a symlink between two system calls; a path
+    joined across components would then be resolved through the link, out of the copy (``/etc/shadow``). So every
+    name is opened relative to the descriptor of the folder it was listed in, with ``O_NOFOLLOW``, and compared
+    with what was listed: a descriptor so obtained stays inside the bind mount (renames out of it fail with EXDEV),
+    whatever the server does next. Bytes, entries and depth are counted while reading, not afterwards.
+    """
+
+    def __init__(self) -> None:
+        self.entries: dict[str, _Entry] = {}
+        self.left = MAX_STATE_BYTES
+
+    def read(self, root: str) -> dict[str, _Entry]:
+        try:
+            fd = os.open(root, _DIR_FLAGS)
+        except OSError as exc:
+            raise DamagedState(f"the working copy cannot be opened: {exc.strerror}") from None
+        try:
+            self._folder(fd, "", 0)
+        finally:
+            os.close(fd)
+        return dict(sorted(self.entries.items()))
+
+    def _folder(self, fd: int, prefix: str, depth: int) -> None:
+        if depth > MAX_STATE_DEPTH:
+            raise DamagedState(f"{prefix.rstrip('/')!r} is nested deeper than {MAX_STATE_DEPTH} folders")
+        names = []
+        with os.scandir(fd) as listing:
+            for item in listing:
+                names.append(item.name)
+                if len(self.entries) + len(names) > MAX_STATE_ENTRIES:
+                    raise DamagedState(f"it holds more than {MAX_STATE_ENTRIES:,} files and folders")
+        for name in sorted(names):
+            self._one(fd, name, prefix + name, depth)
+
+    def _one(self, fd: int, name: str, rel: str, depth: int) -> None:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=fd)
+                inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+                if os.path.isabs(target) or inside == ".." or inside.startswith("../"):
+                    raise DamagedState(f"{rel!r} is a link out of the working copy (to {_clip(target, 80)!r})")
+                self.entries[rel] = _Entry("link", st.st_mode, target=target)
+            elif stat.S_ISDIR(st.st_mode):
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                try:
+                    self._same(rel, st, os.fstat(sub), stat.S_ISDIR)
+                    self.entries[rel] = _Entry("dir", st.st_mode)
+                    self._folder(sub, rel + "/", depth + 1)
+                finally:
+                    os.close(sub)
+            elif stat.S_ISREG(st.st_mode):
+                f = os.open(name, _FILE_FLAGS, dir_fd=fd)
+                try:
+                    opened = os.fstat(f)
+                    self._same(rel, st, opened, stat.S_ISREG)
+                    self.entries[rel] = _Entry("file", opened.st_mode, data=self._content(f, rel, opened.st_size))
+                finally:
+                    os.close(f)
+            else:
+                what = "FIFO" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) else "device"
+                raise DamagedState(f"{rel!r} is a {what}: only files, folders and links inside it are state")
+        except OSError as exc:  # vanished, became a link (ELOOP) or a file (ENOTDIR), unreadable
+            raise DamagedState(f"{rel!r} changed or could not be read while the host read it "
+                               f"({exc.strerror or exc})") from None
+
+    @staticmethod
+    def _same(rel: str, listed: os.stat_result, opened: os.stat_result, kind: Any) -> None:
+        if not kind(opened.st_mode) or (opened.st_dev, opened.st_ino) != (listed.st_dev, listed.st_ino):
+            raise DamagedState(f"{rel!r} was replaced while the host read it")
+
+    def _content(self, fd: int, rel: str, size: int) -> bytes:
+        if size > self.left:
+            raise DamagedState(self._too_large(rel))
+        chunks, total = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 20, self.left - total + 1))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > self.left:  # it grew while it was read
+                raise DamagedState(self._too_large(rel))
+        self.left -= total
+        return b"".join(chunks)
+
+    @staticmethod
+    def _too_large(rel: str) -> str:
+        return f"it holds more than {MAX_STATE_BYTES >> 20} MB of files (at {rel!r})"
+
+
+def _read_tree(folder: str | os.PathLike) -> dict[str, _Entry]:
+    """A folder's entries by relative path, sorted; raises :class:`DamagedState` (see :class:`_Reader`)."""
+    return _Reader().read(os.fspath(folder))
+
+
 def _pack(folder: str | os.PathLike | None) -> bytes:
     """A folder as an uncompressed tar, symlinks kept as links (never followed), owners and times normalised."""
+    return _pack_tree(_read_tree(folder) if folder is not None else {})
+
+
+def _pack_tree(tree: dict[str, _Entry]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        if folder is not None:
-            root = os.fspath(folder)
-            for rel in _walk(root):
-                info = tar.gettarinfo(os.path.join(root, rel), arcname=rel)
-                if info is None:  # a socket: nothing to keep
-                    continue
-                info.uid = info.gid = 0
-                info.uname = info.gname = ""
-                info.mtime = 0
-                if info.isreg():
-                    with open(os.path.join(root, rel), "rb") as f:
-                        tar.addfile(info, f)
-                elif info.isdir() or info.issym():
-                    tar.addfile(info)
+        for rel, entry in tree.items():
+            info = tarfile.TarInfo(rel)
+            info.mode = entry.mode
+            info.type = {"dir": tarfile.DIRTYPE, "file": tarfile.REGTYPE, "link": tarfile.SYMTYPE}[entry.kind]
+            info.linkname = entry.target
+            info.size = len(entry.data)
+            tar.addfile(info, io.BytesIO(entry.data) if entry.kind == "file" else None)
     return buf.getvalue()
-
-
-def _walk(root: str) -> list[str]:
-    """Relative paths under ``root`` (folders included), sorted; never descends through a symlink."""
-    out = []
-    for folder, dirs, files in os.walk(root, followlinks=False):
-        dirs.sort()
-        for name in sorted(dirs + files):
-            out.append(os.path.relpath(os.path.join(folder, name), root))
-    return sorted(out)
 
 
 def _unpack(data: bytes, folder: str) -> None:
@@ -319,6 +436,17 @@ def database_file(snapshot: bytes, path: str | os.PathLike) -> Path:
     return Path(path)
 
 
+class _DamagedSnapshot(bytes):
+    """The (empty) snapshot of a damaged environment, carrying why it was refused."""
+
+    damage: str
+
+    def __new__(cls, data: bytes, damage: str) -> _DamagedSnapshot:
+        self = super().__new__(cls, data)
+        self.damage = damage
+        return self
+
+
 @dataclass
 class _State:
     """The canonical state of a working folder and what it says about keys and relations."""
@@ -330,20 +458,20 @@ class _State:
     sqlite_tables: list[str]
 
 
-def _read_database(path: str) -> sqlite3.Connection:
-    """A private in-memory copy of a database file (with its journal or WAL applied), so reading never locks or
-    changes the server's file."""
-    side = [path + s for s in _SQLITE_SIDE[:2] if os.path.lexists(path + s)]
+def _read_database(tree: dict[str, _Entry], rel: str) -> sqlite3.Connection:
+    """A private in-memory copy of a database file (with its journal or WAL applied), from the bytes the host read,
+    so reading never locks or changes the server's file."""
+    side = [rel + s for s in _SQLITE_SIDE[:2] if rel + s in tree]
     db = sqlite3.connect(":memory:")
     if not side:
-        with open(path, "rb") as f:
-            db.deserialize(f.read())
+        db.deserialize(tree[rel].data)
         return db
     with tempfile.TemporaryDirectory(prefix="synthloop-mcp-read-") as tmp:
         copy = os.path.join(tmp, "db")
-        for src, suffix in ((path, ""), *((s, s[len(path):]) for s in side)):
-            if stat.S_ISREG(os.lstat(src).st_mode):
-                shutil.copyfile(src, copy + suffix, follow_symlinks=False)
+        for src in (rel, *side):
+            if tree[src].kind == "file":
+                with open(copy + src[len(rel):], "wb") as f:
+                    f.write(tree[src].data)
         disk = sqlite3.connect(copy)
         try:
             disk.backup(db)
@@ -352,16 +480,26 @@ def _read_database(path: str) -> sqlite3.Connection:
     return db
 
 
+class _Values:
+    """What is left of :data:`MAX_STATE_VALUES` while one state is read."""
+
+    def __init__(self) -> None:
+        self.left = MAX_STATE_VALUES
+
+    def take(self, n: int, rel: str) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise DamagedState(f"it holds more than {MAX_STATE_VALUES:,} values (at {rel!r})")
+
+
 def _folder_state(root: str) -> _State:
-    paths = [p for p in _walk(root)
-             if not os.path.isdir(os.path.join(root, p)) or os.path.islink(os.path.join(root, p))]
-    kinds = {}
-    for rel in paths:
-        st = os.lstat(os.path.join(root, rel))
-        if stat.S_ISREG(st.st_mode) and st.st_size >= len(_SQLITE_MAGIC):
-            with open(os.path.join(root, rel), "rb") as f:
-                if f.read(len(_SQLITE_MAGIC)) == _SQLITE_MAGIC:
-                    kinds[rel] = "sqlite"
+    return _tree_state(_read_tree(root))
+
+
+def _tree_state(tree: dict[str, _Entry]) -> _State:
+    budget = _Values()
+    paths = [p for p, e in tree.items() if e.kind != "dir"]
+    kinds = {rel: "sqlite" for rel in paths if tree[rel].kind == "file" and tree[rel].data[:16] == _SQLITE_MAGIC}
     databases = [p for p in paths if kinds.get(p) == "sqlite"]
     side = {d + s for d in databases for s in _SQLITE_SIDE}
     files: dict[str, dict[str, Any]] = {}
@@ -371,26 +509,19 @@ def _folder_state(root: str) -> _State:
     for rel in paths:
         if rel in kinds or rel in side:
             continue
-        if _git_tables(root, rel, rows, keys):
+        if _git_tables(tree, rel, rows, keys):
             continue
-        if rel.lower().endswith(_JSON_SUFFIXES) and _json_tables(root, rel, rows, keys, columns):
+        if rel.lower().endswith(_JSON_SUFFIXES) and _json_tables(tree, rel, rows, keys, columns, budget):
             continue
-        full = os.path.join(root, rel)
-        st = os.lstat(full)
-        if stat.S_ISREG(st.st_mode):
-            digest = hashlib.sha256()
-            with open(full, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(chunk)
-            files[rel] = {"path": rel, "sha256": digest.hexdigest(), "size": st.st_size}
-        elif stat.S_ISLNK(st.st_mode):
-            files[rel] = {"path": rel, "sha256": None, "size": None, "link": os.readlink(full)}
+        entry = tree[rel]
+        if entry.kind == "file":
+            files[rel] = {"path": rel, "sha256": hashlib.sha256(entry.data).hexdigest(), "size": len(entry.data)}
         else:
-            files[rel] = {"path": rel, "sha256": None, "size": None, "kind": stat.S_IFMT(st.st_mode)}
+            files[rel] = {"path": rel, "sha256": None, "size": None, "link": entry.target}
     fks: set[tuple[str, str]] = set()
     sqlite_tables: list[str] = []
     for rel in databases:
-        db = _read_database(os.path.join(root, rel))
+        db = _read_database(tree, rel)
         db.row_factory = sqlite3.Row
         try:
             tables = [r[0] for r in db.execute(
@@ -401,6 +532,9 @@ def _folder_state(root: str) -> _State:
             for table in tables:
                 info = db.execute(f"PRAGMA table_info({_quote(table)})").fetchall()
                 pks[table] = [c["name"] for c in sorted(info, key=lambda c: c["pk"]) if c["pk"]]
+                # counted before any row is fetched: a small file of many tiny rows is large in memory
+                budget.take(db.execute(f"SELECT COUNT(*) FROM {_quote(table)}").fetchone()[0] * max(len(info), 1),
+                            f"{rel}:{table}")
             for table in tables:
                 name = table if bare else f"{rel}:{table}"
                 sqlite_tables.append(table)
@@ -416,7 +550,7 @@ def _folder_state(root: str) -> _State:
                         if value is not None and not isinstance(value, bytes):
                             columns.setdefault(_norm(col), {}).setdefault(name, []).append(value)
         except sqlite3.DatabaseError as exc:  # a file that only looks like a database: kept by content
-            files[rel] = {"path": rel, "sha256": _sha256(os.path.join(root, rel)), "size": None,
+            files[rel] = {"path": rel, "sha256": hashlib.sha256(tree[rel].data).hexdigest(), "size": None,
                           "error": f"unreadable SQLite file: {exc}"}
         finally:
             db.close()
@@ -451,7 +585,7 @@ def _git_index(data: bytes) -> dict[str, dict[str, Any]] | None:
     return out
 
 
-def _git_tables(root: str, rel: str, rows: dict, keys: dict) -> bool:
+def _git_tables(tree: dict[str, _Entry], rel: str, rows: dict, keys: dict) -> bool:
     """A repository's index and refs as tables ``git_index`` (path → mode, blob) and ``git_refs`` (ref → target),
     prefixed by the repository's folder where it is not the root; its reflogs left out (True: not state); False for
     any other file (kept by content: objects are content-addressed, so equal histories give equal files)."""
@@ -463,11 +597,10 @@ def _git_tables(root: str, rel: str, rows: dict, keys: dict) -> bool:
     prefix = f"{repo}:" if repo else ""
     if inner.startswith("logs/"):  # reflogs: when refs moved, by the wall clock (GitPython ignores GIT_*_DATE)
         return True
-    full = os.path.join(root, rel)
-    if not stat.S_ISREG(os.lstat(full).st_mode) or os.path.getsize(full) > MAX_JSON_STATE:
+    entry = tree[rel]
+    if entry.kind != "file" or len(entry.data) > MAX_JSON_STATE:
         return False
-    with open(full, "rb") as f:
-        data = f.read()
+    data = entry.data
     if inner == "index":
         entries = _git_index(data)
         if entries is None:
@@ -492,14 +625,15 @@ def _git_tables(root: str, rel: str, rows: dict, keys: dict) -> bool:
     return True
 
 
-def _json_records(path: str) -> list[Any] | None:
+def _json_records(path: str, data: bytes, budget: _Values) -> list[Any] | None:
     """The records of a JSON-lines file (one JSON value a line, blank lines skipped) or of a ``.json`` file holding
     a list; None where it is neither (or too large to be state worth reading record by record)."""
-    if os.path.getsize(path) > MAX_JSON_STATE:
+    if len(data) > MAX_JSON_STATE:
         return None
+    # every JSON value but the first of its container follows a comma, so this bounds what parsing makes
+    budget.take(data.count(b",") + data.count(b"\n") + 1, path)
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as text mode reads it
         if path.lower().endswith(".json"):
             value = json.loads(text, parse_constant=_no_constant)
             return value if isinstance(value, list) else None
@@ -512,7 +646,7 @@ def _scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-def _json_tables(root: str, rel: str, rows: dict, keys: dict, columns: dict) -> bool:
+def _json_tables(tree: dict[str, _Entry], rel: str, rows: dict, keys: dict, columns: dict, budget: _Values) -> bool:
     """A JSON-lines (or JSON list) file as tables of its records, order-independent; False where it is not one.
 
     Records that all carry a string ``type`` are split by it (``memory.jsonl:entity``, ``memory.jsonl:relation``),
@@ -522,10 +656,10 @@ def _json_tables(root: str, rel: str, rows: dict, keys: dict, columns: dict) -> 
     in ``keys`` only where they are two or more named columns: none is generated, so ``diff_states`` masks none.
     A file with no records adds no table (an emptied memory file is the empty graph, as no file is).
     """
-    full = os.path.join(root, rel)
-    if not stat.S_ISREG(os.lstat(full).st_mode):
+    entry = tree[rel]
+    if entry.kind != "file":
         return False
-    records = _json_records(full)
+    records = _json_records(rel, entry.data, budget)
     if records is None:
         return False
     records = [r if isinstance(r, dict) else {"value": r} for r in records]
@@ -544,15 +678,18 @@ def _json_tables(root: str, rel: str, rows: dict, keys: dict, columns: dict) -> 
         else:
             key_fields = []
         out: dict[str, dict[str, Any]] = {}
+        taken: dict[str, int] = {}  # the last suffix given per key: a million equal records must not probe 1..n each
         for r in sorted(group, key=lambda r: json.dumps(r, sort_keys=True, default=str)):
             if key_fields:
                 key = "|".join("" if r.get(f) is None else str(r.get(f)) for f in key_fields)
             else:
                 key = hashlib.sha256(json.dumps(r, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-            unique, n = key, 1
+            n = taken.get(key, 1)
+            unique = key if n == 1 else f"{key}#{n}"
             while unique in out:
                 n += 1
                 unique = f"{key}#{n}"
+            taken[key] = n
             out[unique] = r
         rows[table] = out
         keys[table] = key_fields if natural is not None and len(key_fields) > 1 else []
@@ -565,11 +702,6 @@ def _json_tables(root: str, rel: str, rows: dict, keys: dict, columns: dict) -> 
                     for name in {_norm(col), _norm(kind + col)}:
                         columns.setdefault(name, {}).setdefault(table, []).append(item)
     return True
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
 
 
 def _quote(identifier: str) -> str:
@@ -808,12 +940,18 @@ class MCPServer:
         self.call_timeout = call_timeout
         self.start_timeout = start_timeout
         self.seed = seed
-        self.initial = _pack(state)
+        try:
+            self.initial = _pack(state)
+        except DamagedState as exc:
+            raise MCPError(f"MCP server `{command}`: state {os.fspath(state)!r} cannot be its working copy: {exc}; "
+                           "make it a folder of plain files, folders and links inside it, within the caps") from None
         self.name = name or re.sub(r"[^a-z0-9]+", "_", Path(template[0]).name.lower()).strip("_") or "mcp"
         self.domain = MCPDomain(self.name, f"Tools of the MCP server `{command}`.")
         self.specs: dict[str, ToolSpec] | None = None
         self.skipped: list[tuple[str, str]] = []
         self.undeclared_writes: collections.Counter[str] = collections.Counter()
+        self.damaged: list[str] = []
+        """Why working copies of this source were refused (:class:`DamagedState`), one line each, in order."""
         """Calls to tools taken to be read-only that changed the state, per tool (see ``_wrote_while_read_only``)."""
         self.server_info: dict[str, Any] = {}
 
@@ -972,6 +1110,7 @@ class MCPEnvironment:
         self._holder = _Holder(tempfile.mkdtemp(prefix="synthloop-mcp-"))
         self._finalizer = weakref.finalize(self, _Holder.release, self._holder)
         self._state: _State | None = None
+        self._damage: str | None = None
         try:
             _unpack(initial, self.workdir)
             self._start()
@@ -979,6 +1118,8 @@ class MCPEnvironment:
         except BaseException:
             self._finalizer()
             raise
+        if isinstance(initial, _DamagedSnapshot):  # the copy of a damaged environment is damaged too
+            self._refuse(initial.damage, count=False)
         self.domain_cls = source.domain
         self._validators = {n: argument_validator(s.record.parameters) for n, s in self.specs.items()}
         self._integer_params = {
@@ -1028,18 +1169,45 @@ class MCPEnvironment:
         return MCPEnvironment(self.source, snapshot, self.seed)
 
     # state ---------------------------------------------------------------------------------------------------
+    @property
+    def damage(self) -> str | None:
+        """Why this environment's working copy was refused (:class:`DamagedState`), or None while it is sound."""
+        return self._damage
+
+    def _refuse(self, why: str, count: bool = True) -> None:
+        """The working copy cannot be read safely: the server is stopped (so it cannot go on racing the reader) and
+        the environment is damaged. Its state is then one row saying why, which no task's expected state holds, so
+        a task that depends on it is rejected while the run goes on; every later call answers the reason."""
+        self._holder.stop()
+        self._damage = why if why.startswith("MCP server") else (
+            f"MCP server `{self.source.command}` ({self.source.name}): its working copy was refused: {why}")
+        if count:
+            self.source.damaged.append(self._damage)
+
     def _current(self) -> _State:
-        if self._state is None:
-            self._state = _folder_state(self.workdir)
+        if self._state is None and self._damage is None:
+            try:
+                self._state = _folder_state(self.workdir)
+            except DamagedState as exc:
+                self._refuse(str(exc))
+        if self._damage is not None:
+            return _State({"damaged": {"working copy": {"reason": self._damage}}}, {}, [], {}, [])
         return self._state
 
     def snapshot(self) -> bytes:
-        """The working folder as tar bytes (taken between calls, when the server has committed its writes)."""
-        return _pack(self.workdir)
+        """The working folder as tar bytes (taken between calls, when the server has committed its writes); that of
+        a damaged environment is empty and makes the environments started on it (:meth:`at`) damaged too."""
+        if self._damage is None:
+            try:
+                return _pack(self.workdir)
+            except DamagedState as exc:
+                self._refuse(str(exc))
+        return _DamagedSnapshot(_pack(None), self._damage)
 
     def restore(self, data: bytes) -> None:
         """Replaces the working folder with ``data`` and restarts the server on it."""
         self._holder.stop()
+        self._damage = None
         for entry in os.listdir(self.workdir):
             path = os.path.join(self.workdir, entry)
             if os.path.isdir(path) and not os.path.islink(path):
@@ -1048,6 +1216,8 @@ class MCPEnvironment:
                 os.unlink(path)
         _unpack(data, self.workdir)
         self._start()
+        if isinstance(data, _DamagedSnapshot):
+            self._refuse(data.damage, count=False)
 
     def tables(self) -> list[str]:
         return sorted(self._current().rows)
@@ -1084,10 +1254,14 @@ class MCPEnvironment:
         problem = self.check_arguments(name, arguments)
         if problem is not None:
             return None, problem
+        if self._damage is not None:
+            return None, self._damage
         arguments = {k: int(v) if isinstance(v, float) and v.is_integer() and self._integer_params[name].get(k) else v
                      for k, v in arguments.items()}
         read_only = self.source.check_reads and not self.specs[name].mutates
         before = self.state_hash() if read_only and os.path.isdir(self.workdir) else None
+        if self._damage is not None:
+            return None, self._damage
         self._state = None
         label = f"MCP server `{self.source.command}`"
         if not os.path.isdir(self.workdir):
@@ -1110,6 +1284,8 @@ class MCPEnvironment:
         finally:
             self._state = None
         if before is not None and self.state_hash() != before:  # refused or not, it changed the state
+            if self._damage is not None:
+                return None, self._damage
             self.source._wrote_while_read_only(name)
         return (None, refused) if refused is not None else _result(answer)
 
