@@ -729,6 +729,7 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     from flows.server import PrefectUnreachable
     from generators.embedded import EmbeddedModelError
     from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
+    from generators.sources import SourceError
     from generators.strict import describe
     from training.policy import PolicyError
 
@@ -737,6 +738,8 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
               "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
               "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+    # a user's --catalog/--mcp/--env that cannot be opened: the message names the source and the fix
+    failed += (SourceError,) if command in ("synthesize", "serve", "loop") else ()
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")

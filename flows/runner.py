@@ -208,7 +208,19 @@ def run_stage(stage: Stage, corpus_root: str, *, workers: int = 1, ray: str | No
     stage.check_inputs(corpus)
     run_id = stage.run_id
     corpus.write_manifest(run_id, {"run_id": run_id, "stage": stage.name, "config": stage.config_dump(),
-                                   "status": "running", **stage.manifest()})
+                                   "status": "running", **stage.manifest()}, drop=("error",))
+    try:
+        return _run(stage, corpus, logger, workers=workers, ray=ray)
+    except BaseException as exc:
+        # a run that stops here must not stay "running": say why; the same command resumes it (done batches kept)
+        if corpus.manifest(run_id).get("status") == "running":
+            reason = f"{type(exc).__name__}: {exc}".strip().splitlines()[0] if str(exc) else type(exc).__name__
+            corpus.write_manifest(run_id, {"status": "failed", "error": reason[:500]})
+        raise
+
+
+def _run(stage: Stage, corpus: Corpus, logger: Any, *, workers: int, ray: str | None) -> dict[str, Any]:
+    run_id = stage.run_id
     for problem in corpus.problems(run_id):  # a damaged batch is not done: this run redoes it
         logger.warning("%s: redoing it", problem.line(corpus.root))
     stage.prepare(corpus, logger)
