@@ -186,8 +186,30 @@ def cmd_curate(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAINING_EXTRA = ("torch", "transformers", "trl", "peft")
+
+
+def require_training_extra() -> None:
+    """Training imports these inside the flow; without them a user would meet a ModuleNotFoundError traceback
+    after the server has started, so say what to install first."""
+    import importlib.util
+
+    missing = []
+    for name in TRAINING_EXTRA:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    if missing:
+        raise UsageError(f"training needs the `train` extra ({', '.join(missing)} not installed): "
+                         "pip install -e '.[train]'")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     config = load_config(args)
+    require_training_extra()
     require_corpus(args.corpus)
     print(json.dumps(run_flow(args, "train", config=config, corpus_root=args.corpus), indent=2, default=str))
     return 0
@@ -724,6 +746,7 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     2: a mistake in what was given (an option, a config, a folder, data the run cannot use); 3: something the
     run talks to stopped answering (the Prefect API, an endpoint, a Ray cluster): what finished is kept and
     the same command resumes; 4: the filesystem refused (full, read-only, not ours)."""
+    import duckdb
     from pydantic import ValidationError
 
     from flows.server import PrefectUnreachable
@@ -752,6 +775,8 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
         status, lines = 3, [f"{name} stopped: {exc}"]
     elif isinstance(exc, failed):
         status, lines = 2, [f"{name} failed: {exc}"]
+    elif isinstance(exc, duckdb.Error):  # a query on a corpus that lacks what it reads: its first line, not a trace
+        status, lines = 2, [f"{name} failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
     elif isinstance(exc, OSError):  # a full disk, a read-only or foreign folder: name the path, not a traceback
         status, lines = 4, [f"{name}: {os_error_line(exc)}"]
     else:

@@ -254,7 +254,12 @@ class MCPSource(_GraphFromEnvironment):
 
     @cached_property
     def specs(self) -> dict[str, ToolSpec]:
-        env = self.open(0)
+        from envs.mcp import MCPError
+
+        try:  # the first working copy is where a server's bad state shows (junk, links out): say which source
+            env = self.open(0)
+        except MCPError as exc:
+            raise SourceError(f"mcp {self.ref!r}: {exc}") from None
         try:
             return env.specs
         finally:
