@@ -176,7 +176,10 @@ class SimulatedSource(Source):
         self.name = source_name(source)
         self.tools = [replace(t, domain=self.name) for t in imported.tools]
         if not self.tools:
-            raise SourceError(f"catalog {source.ref}: no tool imported ({len(imported.skipped)} skipped)")
+            why = f": {imported.skipped[0][0]}: {imported.skipped[0][1]}" if imported.skipped else ""
+            raise SourceError(f"catalog {source.ref}: no tool imported ({len(imported.skipped)} skipped{why}); a "
+                              "catalog is an OpenAPI 3 or Swagger 2.0 description, an OpenAI `tools` list, "
+                              "JSON-schema function specs or BFCL entries")
         self.imported = imported
         self.play = play
 
