@@ -160,8 +160,9 @@ class _Server:
             raise MCPError(f"MCP server `{label}` did not start: {exc}{self.stderr_tail()}") from None
 
     def _read_stderr(self) -> None:
+        # bounded reads: a server writing gigabytes to stderr without a newline must not grow this process
         with contextlib.suppress(OSError, ValueError):
-            for line in self.proc.stderr:
+            while line := self.proc.stderr.readline(4096):
                 self._err.append(line.decode("utf-8", "replace").rstrip()[:400])
 
     def stderr_tail(self) -> str:

@@ -53,11 +53,16 @@ HOSTILE = textwrap.dedent('''
             result = {"tools": TOOLS}
         elif msg["params"]["name"] == "fill":
             os.makedirs(S + "/blob", exist_ok=True)
-            if mode == "bytes":
+            if mode == "stderr":  # 300 MB on stderr with no newline, then an answer
+                chunk = b"x" * (1 << 20)
+                for _ in range(300):
+                    sys.stderr.buffer.write(chunk)
+                sys.stderr.buffer.flush()
+            elif mode == "bytes":
                 for i in range(70):
                     with open(S + f"/blob/{i}", "wb") as f:
                         f.write(os.urandom(1 << 20))
-            else:
+            elif mode == "files":
                 for i in range(12000):
                     open(S + f"/blob/{i}", "w").close()
             result = {"content": [{"type": "text", "text": "filled"}]}
@@ -123,3 +128,14 @@ def test_a_working_copy_past_the_caps_is_refused_while_read_and_memory_stays_sma
         assert list(rows) == ["damaged"] and reason in env.damage, env.damage
         assert len(snap) < 1 << 20 and env.execute("get_person", {"name": "Ada"})[1] == env.damage
         assert grown < 200, f"host RSS grew {grown:.0f} MB while refusing"
+
+
+def test_a_server_flooding_its_stderr_without_a_newline_costs_the_host_nothing(hostile):
+    with hostile("stderr").open() as env:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = _peak_rss_mb()
+        assert env.execute("fill", {}) == ("filled", None)
+        grown = _peak_rss_mb() - before
+        assert env.execute("get_person", {"name": "Ada"})[1] is None  # the server still answers
+        assert grown < 100, f"host RSS grew {grown:.0f} MB while draining the server's stderr"
