@@ -295,6 +295,11 @@ def prefect_api(port: int = 4200, *, watch: bool = True) -> Iterator[str]:
         lease = ServerLease(port)
         api_url = lease.join()
         os.environ["PREFECT_API_URL"] = api_url
+    # Prefect's "View at" links come from PREFECT_UI_URL, which a profile may pin to the default port: point
+    # them at the server this block uses (a user's own PREFECT_UI_URL wins)
+    ui_before = os.environ.get("PREFECT_UI_URL")
+    if ui_before is None:
+        os.environ["PREFECT_UI_URL"] = api_url.removesuffix("/api")
     watcher = ServerWatch(api_url) if watch else None
     if watcher is not None:
         watcher.start()
@@ -316,6 +321,8 @@ def prefect_api(port: int = 4200, *, watch: bool = True) -> Iterator[str]:
             lease.leave()
             if previous is None:
                 os.environ.pop("PREFECT_API_URL", None)
+        if ui_before is None:
+            os.environ.pop("PREFECT_UI_URL", None)
 
 
 def console_without_tracebacks() -> None:

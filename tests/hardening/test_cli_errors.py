@@ -83,3 +83,17 @@ def test_train_without_the_training_extra_says_what_to_install(tmp_path):
     done = subprocess.run([sys.executable, "-m", "flows.cli", "train", "--corpus", str(tmp_path / "corpus")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert "pip install -e '.[train]'" in one_line(done, "train", "torch")
+
+
+def test_the_ui_links_point_at_the_port_asked_for(tmp_path):
+    """`--port N`: the server on N is the one the run's "View at" links name, not Prefect's default 4200."""
+    port = free_port()
+    env = subprocess_env(PYTHONPATH=str(REPO), PREFECT_HOME=str(tmp_path / "prefect"))
+    env.pop("PREFECT_API_URL", None)
+    env.pop("PREFECT_UI_URL", None)
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "synthesize", "--catalog", str(tmp_path / "nope.yaml"),
+                           "--corpus", str(tmp_path / "corpus"), "--port", str(port)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    links = [line for line in out.splitlines() if "View at" in line]
+    assert links and all(f"127.0.0.1:{port}/" in line for line in links), out
