@@ -401,6 +401,23 @@ def _pack(folder: str | os.PathLike | None) -> bytes:
     return _pack_tree(_read_tree(folder) if folder is not None else {})
 
 
+def _broken_databases(tree: dict[str, _Entry]) -> list[tuple[str, str]]:
+    """The files of ``tree`` with SQLite's header that SQLite cannot read, and why."""
+    broken = []
+    for rel, entry in tree.items():
+        if entry.kind != "file" or entry.data[:16] != _SQLITE_MAGIC:
+            continue
+        db = sqlite3.connect(":memory:")
+        try:
+            db.deserialize(entry.data)
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            broken.append((rel, str(exc)))
+        finally:
+            db.close()
+    return broken
+
+
 def _pack_tree(tree: dict[str, _Entry]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -942,10 +959,14 @@ class MCPServer:
         self.start_timeout = start_timeout
         self.seed = seed
         try:
-            self.initial = _pack(state)
+            tree = _read_tree(state) if state is not None else {}
         except DamagedState as exc:
             raise MCPError(f"MCP server `{command}`: state {os.fspath(state)!r} cannot be its working copy: {exc}; "
                            "make it a folder of plain files, folders and links inside it, within the caps") from None
+        for rel, why in _broken_databases(tree):  # else every copy has no tables, and sampling finds nothing
+            raise MCPError(f"MCP server `{command}`: state file {os.path.join(os.fspath(state), rel)!r} starts like "
+                           f"a SQLite database but is not one ({why}); replace it with a real database or remove it")
+        self.initial = _pack_tree(tree)
         self.name = name or re.sub(r"[^a-z0-9]+", "_", Path(template[0]).name.lower()).strip("_") or "mcp"
         self.domain = MCPDomain(self.name, f"Tools of the MCP server `{command}`.")
         self.specs: dict[str, ToolSpec] | None = None

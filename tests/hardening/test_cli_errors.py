@@ -47,13 +47,17 @@ def one_line(done: subprocess.CompletedProcess, command: str, *named: str) -> st
 
 
 def test_sources_that_cannot_be_opened_are_one_line_each(tmp_path):
-    """An MCP command not on PATH, a plugin that is not importable, a YAML that is no catalog and an MCP state
-    folder holding a link out of it: each names itself and exits 2."""
+    """An MCP state folder whose database is junk, an MCP command not on PATH, a plugin that is not importable, a
+    YAML that is no catalog and an MCP state folder holding a link out of it: each names itself and exits 2."""
     (tmp_path / "compose.yaml").write_text("services:\n  web:\n    image: nginx\n")
     state = tmp_path / "state"
     state.mkdir()
     (state / "link").symlink_to("/etc/passwd")
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "db.sqlite").write_bytes(b"SQLite format 3\0" + bytes(range(256)) * 8)
     cases = [
+        (["--mcp", f"{sys.executable} -c pass {{workdir}}", "--mcp-state", str(junk)], ["db.sqlite", "not one"]),
         (["--mcp", "no-such-mcp-server-xyz {workdir}"], ["no-such-mcp-server-xyz"]),
         (["--env", "nosuchpkg.mod:Thing"], ["nosuchpkg"]),
         (["--catalog", str(tmp_path / "compose.yaml")], ["compose.yaml"]),
