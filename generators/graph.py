@@ -433,20 +433,23 @@ class _Index:
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
     resources: dict[str, _Resource] = field(default_factory=dict)
 
-    def _typed_path_param(self, tool: Tool, spec_name: str) -> tuple[str, tuple[str, ...]] | None:
-        """A path template as ``(key word, entity)``, the entity made as specific as the GET of its resource says
-        (``{comment_id}`` under ``/pulls/comments`` is a ``pull request review comment``'s id)."""
+    def _typed_path_params(self, tool: Tool, spec_name: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The template's ``(key word, entity)``, then the entity its resource's GET names where that differs and
+        the GET's result carries the key under the template's key word: ``{hook_id}`` under ``/hooks`` is the id
+        of what ``GET /hooks/{hook_id}`` returns, a ``webhook``."""
         route = _route(tool)
         typed = _path_key(route, spec_name)
         if typed is None:
-            return None
+            return []
         key, entity = typed
         if not entity:
-            return None
+            return []
         res = self.resources.get(_template(route, spec_name) or "")
         if res and res.entity and len(res.entity) > len(entity) and res.entity[-len(entity):] == entity:
-            entity = res.entity
-        return key, entity
+            return [(key, res.entity)]
+        if res and res.entity and res.entity[-1] != entity[-1] and res.key_field and normalise(res.key_field) == key:
+            return [(key, entity), (key, res.entity)]
+        return [(key, entity)]
 
     def add(self, tool: Tool) -> None:
         schema = tool.parameters or {}
@@ -466,15 +469,16 @@ class _Index:
             given = pname in required or in_path
             if given:
                 names.add(normalise(spec_name))
-            typed = self._typed_path_param(tool, spec_name) if in_path else None
+            all_typed = self._typed_path_params(tool, spec_name) if in_path else []
+            typed = all_typed[0] if all_typed else None
             ident = identifier(spec_name)
             if typed:
-                key, entity = typed
-                if key not in KEY_WORDS:
-                    self.path_keys.add(key)
-                self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
-                if given:
-                    typed_inputs.add(typed)
+                for key, entity in all_typed:
+                    if key not in KEY_WORDS:
+                        self.path_keys.add(key)
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
+                    if given:
+                        typed_inputs.add((key, entity))
             elif ident:
                 key, entity = ident
                 entity = entity or _param_entity(tool, pname)
@@ -620,7 +624,10 @@ def _candidates(
                 entities = [resource]
             for entity in dict.fromkeys(e for e in entities if e):
                 for p in index.identifiers.get((key, entity[-1]), ()):
-                    agree = entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
+                    # an entity named by a key word (``key_id``: a GPG key, an SSH key, a public key?) says too
+                    # little to take a more specific one: only the same entity feeds it
+                    agree = entity == p.entity if p.entity[-1] in KEY_WORDS else \
+                        entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
                     if agree and _feeds_identifier(out.type, p.type):
                         score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY
                         yield out, "name", score, p, (key, entity)

@@ -38,8 +38,9 @@ from generators.graph import (
     words,
 )
 from schemas import TABLES, Tool
+from storage.external import shared_root
 
-CATALOGS = Path(__file__).resolve().parents[3] / "shared" / "catalogs" / "openapi"
+CATALOGS = shared_root() / "catalogs" / "openapi"
 
 
 @pytest.fixture(scope="module")
@@ -650,3 +651,77 @@ def test_a_field_that_echoes_the_tool_s_own_input_is_no_dependency() -> None:
     assert ("FetchCall", "ListRecording", "account_sid", "AccountSid") not in deps
     assert ("FetchCall", "ListRecording", "sid", "CallSid") not in deps  # the call's own sid: an input too
     assert ("FetchCall", "ListRecording", "parent_call_sid", "CallSid") in deps
+
+
+# --- real-spec behaviours the per-spec labels measure (benchmarks/data/edge_labels_specs.md) -------------------
+
+
+def _deps(graph: ToolGraph) -> set[tuple[str, str, str, str]]:
+    return {(e.src, e.dst, e.src_field, e.dst_param) for e in graph.dependencies()}
+
+
+def test_a_route_key_is_fed_by_what_its_get_returns_whatever_its_name() -> None:
+    """GitHub's ``{hook_id}`` under ``/hooks``: ``GET /hooks/{hook_id}`` returns a ``Webhook`` carrying ``id``, so a
+    created webhook's ``id`` feeds it although no word of ``webhook`` is ``hook``; a gist's ``id`` does not."""
+    webhook = {"type": "object", "title": "Webhook", "properties": {"id": INT, "name": STR, "active": {
+        "type": "boolean"}}}
+    tools = [
+        _tool("repos_create_webhook", {"owner": STR, "repo": STR}, webhook, mutates=True,
+              path="/repos/{owner}/{repo}/hooks"),
+        _tool("repos_get_webhook", {"owner": STR, "repo": STR, "hook_id": INT}, webhook,
+              path="/repos/{owner}/{repo}/hooks/{hook_id}"),
+        _tool("gists_create", {"description": STR}, {"type": "object", "title": "gist", "properties": {"id": INT}},
+              mutates=True, path="/gists"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("repos_create_webhook", "repos_get_webhook", "id", "hook_id") in deps
+    assert ("gists_create", "repos_get_webhook", "id", "hook_id") not in deps
+
+
+def test_ids_that_share_only_a_key_suffix_are_not_joined() -> None:
+    """A secret's ``key_id`` is the id of the public key it was encrypted with: a GPG key's ``primary_key_id`` and an
+    SSH signing key's ``id`` end in "key id" too and are other things (the old suffix rule joined them)."""
+    secret_write = _tool("create_secret", {"secret_name": STR, "key_id": STR, "encrypted_value": STR}, None,
+                         mutates=True, path="/user/secrets/{secret_name}")
+    tools = [
+        secret_write,
+        _tool("get_gpg_key", {"gpg_key_id": INT}, {"type": "object", "title": "gpg-key", "properties": {
+            "id": INT, "primary_key_id": INT}}, path="/user/gpg_keys/{gpg_key_id}"),
+        _tool("create_ssh_signing_key", {"title": STR}, {"type": "object", "title": "ssh-signing-key",
+                                                         "properties": {"id": INT}}, mutates=True,
+              path="/user/ssh_signing_keys"),
+        _tool("get_public_key", {}, {"type": "object", "title": "actions-public-key", "properties": {
+            "key_id": STR, "key": STR, "id": INT}}, path="/user/secrets/public-key"),
+    ]
+    bound = _bound(ToolGraph.build(tools))
+    assert ("get_public_key", "create_secret", "key_id", "key_id") in bound
+    assert not {b for b in bound if b[1] == "create_secret" and b[0] != "get_public_key"}, bound
+    assert ("get_public_key", "create_secret", "id", "key_id") not in bound
+
+
+def test_an_asana_style_fetch_flags_its_own_gid_and_depends_through_its_workspace() -> None:
+    """``GET /tasks/{task_gid}`` gives back ``data.gid``, the task it was asked for: an echo, no dependency; the task's
+    ``data.workspace.gid`` was not known before the call: a dependency."""
+    task = {"type": "object", "properties": {"data": {"type": "object", "title": "TaskResponse", "properties": {
+        "gid": STR, "name": STR, "workspace": {"type": "object", "title": "WorkspaceCompact", "properties": {
+            "gid": STR, "name": STR}}}}}}
+    tools = [
+        _tool("getTask", {"task_gid": STR}, task, path="/tasks/{task_gid}"),
+        _tool("addFollowersForTask", {"task_gid": STR}, task, mutates=True, path="/tasks/{task_gid}/addFollowers"),
+        _tool("getWorkspaceEvents", {"workspace_gid": STR}, {"type": "object", "properties": {}},
+              path="/workspaces/{workspace_gid}/events"),
+    ]
+    graph = ToolGraph.build(tools)
+    assert ("getTask", "addFollowersForTask", "data.gid", "task_gid") in _bound(graph)
+    assert ("getTask", "addFollowersForTask", "data.gid", "task_gid") not in _deps(graph)
+    assert ("getTask", "getWorkspaceEvents", "data.workspace.gid", "workspace_gid") in _deps(graph)
+
+
+def test_real_twilio_conversations_created_records_feed_their_routes_and_echoes_stay_out() -> None:
+    graph = ToolGraph.build(_catalog("twilio_conversations_v1.json"))
+    deps = _deps(graph)
+    assert ("CreateConversation", "CreateConversationMessage", "sid", "ConversationSid") in deps
+    assert ("CreateConversationMessage", "ListConversationMessageReceipt", "sid", "MessageSid") in deps
+    # a service-scoped call's result carries the ChatServiceSid it was called with: never a dependency
+    echoes = {(e.src, e.dst) for e in graph.edges()} - {(e.src, e.dst) for e in graph.dependencies()}
+    assert ("FetchServiceConversation", "FetchServiceRole") in echoes
