@@ -207,6 +207,13 @@ def _type_of(schema: Any, root: Any, seen: frozenset[str]) -> str | None:
     return None
 
 
+def _is_name(title: str) -> bool:
+    """Whether a schema title names a thing (``Task``, ``conversations.v1.conversation``, GitHub's ``Commit Comment``)
+    rather than describing it in a sentence: one word, or up to four capitalised ones."""
+    parts = title.split()
+    return len(parts) == 1 or 1 < len(parts) <= 4 and all(p[:1].isupper() and p.isalpha() for p in parts)
+
+
 def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> list[OutputField]:
     """Scalar fields reachable in a result schema.
 
@@ -226,7 +233,7 @@ def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str,
     if not isinstance(schema, dict) or len(prefix) > MAX_NESTING:
         return
     title = schema.get("title") if isinstance(schema.get("title"), str) else ref_name
-    if title and " " not in title.strip():  # a name, not a sentence
+    if title and _is_name(title):
         holder = (title, *(h for h in holder if h != title))
     for key in ("allOf", "oneOf", "anyOf"):
         for branch in schema.get(key) or ():
@@ -347,6 +354,8 @@ class _Param:
     # A parameter of an HTTP route takes only its own entity's key or a more specific one: an ``issue_comment``'s
     # id feeds ``comment_id``, a bare ``comment`` id never feeds ``issue_comment_id``.
     strict: bool = False
+    # Takes only its own type: no integer id widened to a string.
+    exact_type: bool = False
 
 
 def _template(route: str, param: str) -> str | None:
@@ -418,6 +427,20 @@ def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
     return found
 
 
+def noun_keys(tools: Iterable[Tool]) -> dict[str, tuple[str, str]]:
+    """One-word entities whose key some parameter names (``channel_id``, ``UserSid``), each with its key word and
+    type; an entity seen with two key words or two types is left out (which one a bare ``channel`` takes is
+    unknown; GitHub's integer ``event_id`` says nothing of its string ``event``, a name)."""
+    seen: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for tool in tools:
+        schema = tool.parameters or {}
+        for pname, sub in (schema.get("properties") or {}).items():
+            ident = identifier(pname)
+            if ident and len(ident[1]) == 1 and len(words(pname)) == 2:
+                seen[ident[1][0]].add((ident[0], _type_of(sub, schema, frozenset()) or ""))
+    return {noun: keys.pop() for noun, keys in seen.items() if len(keys) == 1}
+
+
 @dataclass
 class _Index:
     """The parameters of all tools, keyed so that a result field finds its candidates by dictionary lookups."""
@@ -432,6 +455,8 @@ class _Index:
     # echoes the call's own input.
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
     resources: dict[str, _Resource] = field(default_factory=dict)
+    # One-word entities whose key the catalog's parameters name (``channel`` of ``channel_id``), with that key word.
+    noun_keys: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def _typed_path_params(self, tool: Tool, spec_name: str) -> list[tuple[str, tuple[str, ...]]]:
         """The template's ``(key word, entity)``, then the entity its resource's GET names where that differs and
@@ -486,6 +511,17 @@ class _Index:
                     self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed))
                     if given:
                         typed_inputs.add((key, entity))
+            elif not in_path and ptype == "string" and self.noun_keys.get(normalise(spec_name), ("", ""))[1] == ptype \
+                    and plain_attribute(spec_name, ptype) and not _closed_list(sub, schema):
+                # a parameter named by a bare entity (Slack's ``channel``, Asana's ``workspace`` filter) where the
+                # catalog names that entity's key elsewhere (``channel_id``): it takes that key, as a string only
+                # (GitHub's ``user`` filter is a login, never a user's integer ``id``)
+                noun = normalise(spec_name)
+                key = self.noun_keys[noun][0]
+                self.identifiers[key, noun].append(_Param(tool.name, pname, ptype, (noun,), strict=routed,
+                                                          exact_type=True))
+                if given:
+                    typed_inputs.add((key, (noun,)))
             elif plain_attribute(spec_name, ptype) and not _closed_list(sub, schema) and (
                     in_path if routed else not tool.mutates):
                 # A write's other arguments are the new values the user chooses (a new city, a new limit), and a
@@ -517,6 +553,7 @@ class ToolGraph:
         g = nx.DiGraph()
         index = _Index()
         index.resources = resources(tools.values())
+        index.noun_keys = noun_keys(tools.values())
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
             index.add(t)
@@ -628,7 +665,8 @@ def _candidates(
                     # little to take a more specific one: only the same entity feeds it
                     agree = entity == p.entity if p.entity[-1] in KEY_WORDS else \
                         entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
-                    if agree and _feeds_identifier(out.type, p.type):
+                    fits = out.type == p.type if p.exact_type else _feeds_identifier(out.type, p.type)
+                    if agree and fits:
                         score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY
                         yield out, "name", score, p, (key, entity)
         if not named and plain_attribute(out.name, out.type):

@@ -725,3 +725,45 @@ def test_real_twilio_conversations_created_records_feed_their_routes_and_echoes_
     # a service-scoped call's result carries the ChatServiceSid it was called with: never a dependency
     echoes = {(e.src, e.dst) for e in graph.edges()} - {(e.src, e.dst) for e in graph.dependencies()}
     assert ("FetchServiceConversation", "FetchServiceRole") in echoes
+
+
+def test_a_bare_entity_parameter_takes_that_entity_s_key_as_the_catalog_names_it() -> None:
+    """Slack's ``channel`` and ``usergroup`` take ids where the catalog's ``channel_id`` names them: a created user
+    group's ``usergroup.id`` feeds ``usergroup``, a scheduled message's ``channel_id`` feeds ``channel``. GitHub's
+    ``user`` filter is a login: an integer ``id`` never feeds it, nor does a ``status`` feed ``status``."""
+    group = {"type": "object", "properties": {"usergroup": {"type": "object", "properties": {"id": STR}}}}
+    tools = [
+        _tool("usergroups_create", {"name": STR}, group, mutates=True, path="/usergroups.create"),
+        _tool("usergroups_disable", {"usergroup": STR}, group, mutates=True, path="/usergroups.disable"),
+        _tool("admin_usergroups_list", {"usergroup_id": STR, "channel_id": STR}, None, path="/admin.usergroups.list"),
+        _tool("scheduled_list", {}, {"type": "object", "properties": {"items": {"type": "array", "items": {
+            "type": "object", "properties": {"channel_id": STR, "status": STR}}}}}, path="/scheduled.list"),
+        _tool("conversations_history", {"channel": STR, "status": STR}, None, path="/conversations.history"),
+        _tool("users_get", {"user_id": INT}, {"type": "object", "properties": {"id": INT, "login": STR}},
+              path="/users/{user_id}"),
+        _tool("usage_report", {"user": STR}, None, path="/usage"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("usergroups_create", "usergroups_disable", "usergroup.id", "usergroup") in deps
+    assert ("scheduled_list", "conversations_history", "items.*.channel_id", "channel") in deps
+    assert not {d for d in deps if d[3] in ("user", "status")}, deps
+
+
+def test_a_capitalised_title_of_a_few_words_names_its_entity() -> None:
+    """GitHub titles its schemas ``Commit Comment``: that names the entity (``{comment_id}`` under ``/comments`` is
+    a commit comment's), so an issue comment's ``id`` does not feed it; a sentence as a title names nothing."""
+    commit_comment = {"type": "object", "title": "Commit Comment", "properties": {"id": INT, "body": STR}}
+    issue_comment = {"type": "object", "title": "Issue Comment", "properties": {"id": INT, "body": STR}}
+    tools = [
+        _tool("repos_get_commit_comment", {"owner": STR, "repo": STR, "comment_id": INT}, commit_comment,
+              path="/repos/{owner}/{repo}/comments/{comment_id}"),
+        _tool("repos_create_commit_comment", {"owner": STR, "repo": STR, "commit_sha": STR}, commit_comment,
+              mutates=True, path="/repos/{owner}/{repo}/commits/{commit_sha}/comments"),
+        _tool("issues_create_comment", {"owner": STR, "repo": STR, "issue_number": INT}, issue_comment,
+              mutates=True, path="/repos/{owner}/{repo}/issues/{issue_number}/comments"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("repos_create_commit_comment", "repos_get_commit_comment", "id", "comment_id") in deps
+    assert ("issues_create_comment", "repos_get_commit_comment", "id", "comment_id") not in deps
+    fields = output_fields({"type": "object", "title": "A comment on a commit", "properties": {"id": INT}})
+    assert fields[0].holder == ()
