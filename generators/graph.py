@@ -16,6 +16,11 @@ An edge u→v carries one or more *bindings* (output field path of u → paramet
   ``date``) or into a path parameter (``/repositories/{username}/{slug}``); never when it is free text, a flag,
   a timestamp, a URL, a paging knob or a value from a closed list (``enum``), nor into a write's body, whose
   values the user chooses.
+  On an HTTP route a path template is typed by its collection and by what the GET at that address returns
+  (``{hook_id}`` under ``/hooks`` is the key of the ``Webhook`` that ``GET /hooks/{hook_id}`` gives); an entity
+  named only by a key word (``key_id``) takes no more specific one; a parameter named by a bare entity
+  (``channel``, ``workspace``) takes that entity's key where the catalog names it (``channel_id``), same type only.
+  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``).
 * ``entity``: the environment's foreign keys (a field that references ``users.user_id`` feeds a ``user_id``
   parameter, and a ``user_id`` feeds a parameter named like the referencing column).
 * ``link``: OpenAPI response links carried in the tool's ``origin`` (``$response.body#/id`` → ``petId``).
