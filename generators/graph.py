@@ -361,6 +361,8 @@ class _Param:
     strict: bool = False
     # Takes only its own type: no integer id widened to a string.
     exact_type: bool = False
+    # A body or query argument, not a route's key.
+    argument: bool = False
 
 
 def _template(route: str, param: str) -> str | None:
@@ -456,6 +458,8 @@ class _Index:
     # Key words of path templates that are no identifier words (``number`` of ``{issue_number}``): a result field
     # of that name is looked up as a key too.
     path_keys: set[str] = field(default_factory=set)
+    # Entities that have routes of their own (``{runner_group_id}``: a runner group is a kind of record, not a role).
+    kinds: set[tuple[str, ...]] = field(default_factory=set)
     # What each tool takes as required input, as names and as typed keys: a result field equal to one of them
     # echoes the call's own input.
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
@@ -504,6 +508,7 @@ class _Index:
             ident = identifier(spec_name)
             if typed:
                 for key, entity in all_typed:
+                    self.kinds.add(entity)
                     if key not in KEY_WORDS:
                         self.path_keys.add(key)
                     self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
@@ -513,7 +518,8 @@ class _Index:
                 key, entity = ident
                 entity = entity or _param_entity(tool, pname)
                 if entity:
-                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed))
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed,
+                                                                    argument=True))
                     if given:
                         typed_inputs.add((key, entity))
             elif not in_path and ptype == "string" and self.noun_keys.get(normalise(spec_name), ("", ""))[1] == ptype \
@@ -668,8 +674,11 @@ def _candidates(
                 for p in index.identifiers.get((key, entity[-1]), ()):
                     # an entity named by a key word (``key_id``: a GPG key, an SSH key, a public key?) says too
                     # little to take a more specific one: only the same entity feeds it
+                    # and a body or query argument takes no more specific entity that has routes of its own: a
+                    # runner group's id is no IdP ``group_id`` (an ``emergency_address_sid`` is still an address's)
                     agree = entity == p.entity if p.entity[-1] in KEY_WORDS else \
-                        entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
+                        (entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)) and not (
+                            p.argument and len(entity) > len(p.entity) and entity in index.kinds)
                     fits = out.type == p.type if p.exact_type else _feeds_identifier(out.type, p.type)
                     if agree and fits:
                         score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY

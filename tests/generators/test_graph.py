@@ -767,3 +767,21 @@ def test_a_capitalised_title_of_a_few_words_names_its_entity() -> None:
     assert ("issues_create_comment", "repos_get_commit_comment", "id", "comment_id") not in deps
     fields = output_fields({"type": "object", "title": "A comment on a commit", "properties": {"id": INT}})
     assert fields[0].holder == ()
+
+
+def test_a_body_argument_takes_no_more_specific_kind_that_has_routes_of_its_own() -> None:
+    """A runner group has routes of its own (``/runner-groups/{runner_group_id}``): its id is no IdP ``group_id``
+    (the old suffix rule joined them). An emergency address has none: ``emergency_address_sid`` is an address's."""
+    tools = [
+        _tool("get_runner", {"runner_id": INT}, {"type": "object", "properties": {"runner_group_id": INT}},
+              path="/runners/{runner_id}"),
+        _tool("get_runner_group", {"runner_group_id": INT}, {"type": "object", "properties": {"id": INT}},
+              path="/runner-groups/{runner_group_id}"),
+        _tool("create_team", {"name": STR, "group_id": INT}, None, mutates=True, path="/teams"),
+        _tool("FetchNumber", {"Sid": STR}, {"type": "object", "properties": {"emergency_address_sid": STR}},
+              path="/Numbers/{Sid}"),
+        _tool("CreateNumber", {"AddressSid": STR}, None, mutates=True, path="/Numbers"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("get_runner", "create_team", "runner_group_id", "group_id") not in deps
+    assert ("FetchNumber", "CreateNumber", "emergency_address_sid", "AddressSid") in deps
