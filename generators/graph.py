@@ -287,6 +287,8 @@ def holder_entity(name: str) -> tuple[str, ...]:
     """The entity a schema title or property names: ``conversations.v1.conversation`` → ``conversation``,
     ``ListPetsResponse`` → ``pet``, ``owner`` → ``owner``."""
     ws = list(words(name.rsplit(".", 1)[-1]))
+    if ws and all(w in GENERIC_WORDS for w in ws) and (singular(ws[-1]) != ws[-1] or ws[-1] == "data"):
+        return ()  # a container (``items`` of a search result, ``data``), no entity; Asana's ``resource`` is one
     if len(ws) > 1 and ws[0] in VERBS:
         ws = ws[1:]
     while len(ws) > 1 and ws[-1] in GENERIC_WORDS:

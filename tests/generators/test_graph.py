@@ -785,3 +785,15 @@ def test_a_body_argument_takes_no_more_specific_kind_that_has_routes_of_its_own(
     deps = _deps(ToolGraph.build(tools))
     assert ("get_runner", "create_team", "runner_group_id", "group_id") not in deps
     assert ("FetchNumber", "CreateNumber", "emergency_address_sid", "AddressSid") in deps
+
+
+def test_a_generic_container_names_no_entity() -> None:
+    """A search result's ``items`` are repositories, not project items: ``items.*.id`` does not feed ``item_id``."""
+    found = {"type": "object", "properties": {"total_count": INT, "items": {"type": "array", "items": {
+        "type": "object", "properties": {"id": INT, "full_name": STR}}}}}
+    tools = [
+        _tool("search_repos", {"q": STR}, found, path="/search/repositories"),
+        _tool("projects_get_item", {"project_number": INT, "item_id": INT}, None,
+              path="/projects/{project_number}/items/{item_id}"),
+    ]
+    assert not _bound(ToolGraph.build(tools))
