@@ -4,6 +4,8 @@
     python benchmarks/graph_edges.py --draw 12 8 --seed 11 > /tmp/to_label.jsonl
     python benchmarks/graph_edges.py --draw-patterns 20 --seed 12 > /tmp/to_label_2.jsonl
     python benchmarks/graph_edges.py --draw 10 5 --seed 13 --sources twilio_api_v2010.json ... > /tmp/to_label_3.jsonl
+    python benchmarks/graph_edges.py --specs --github /tmp/gh/package/generated/api.github.com.json
+    python benchmarks/graph_edges.py --draw-specs 20 --seed 21 --github ... > /tmp/to_label_specs.jsonl
 
 Prints, for the current ``ToolGraph.build``:
 
@@ -17,6 +19,11 @@ Prints, for the current ``ToolGraph.build``:
 * precision on ``data/edge_labels.jsonl``: each labelled binding is looked up in the graph re-built now; one
   the code no longer produces counts for recall only;
 * recall of the built-in domains' foreign-key edges (see ``foreign_key_truth`` for the derivation).
+
+``--specs`` prints, per real description (``SPECS``; GitHub's REST description is not committed: ``--github``
+names ``api.github.com.json`` of ``npm pack @octokit/openapi@23.0.2``), precision of the dependencies
+(``ToolGraph.dependencies()``, echoes left out) on ``data/edge_labels_specs.jsonl``'s seeded draws of them, and
+recall on the true edges listed there by reading the spec; ``data/edge_labels_specs.md`` has the judging rule.
 
 ``--draw PER_NEW PER_OLD`` writes a fresh sample to label: per source, seeded, up to PER_NEW bindings the
 current code produces and PER_OLD that only the baseline produces, shuffled together with no mark of which is
@@ -49,6 +56,11 @@ from storage.external import shared_root  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGS = shared_root() / "catalogs" / "openapi"
 LABELS = Path(__file__).resolve().parent / "data" / "edge_labels.jsonl"
+SPEC_LABELS = Path(__file__).resolve().parent / "data" / "edge_labels_specs.jsonl"
+# The real descriptions labelled per spec, by the name the labels use: a path under the catalogs' folder.
+SPECS = {"twilio_api_v2010": "twilio/twilio_api_v2010.json",
+         "twilio_conversations_v1": "twilio/twilio_conversations_v1.json",
+         "asana": "asana/asana_oas.yaml", "slack": "slack/slack_web_openapi_v2.json"}
 TWILIO = ("twilio_api_v2010.json", "twilio_conversations_v1.json", "twilio_messaging_v1.json")
 
 
@@ -406,6 +418,80 @@ def densities(sources: dict[str, tuple[list[Tool], list[tuple[str, str]]]]) -> N
               f"name-different {before[1]:.2f} → {after[1]:.2f}   bindings {before[2]} → {after[2]}")
 
 
+# --- per-spec labels: precision of the dependencies, recall of true edges read from each spec ----------------
+
+
+def spec_sources(github: str | None) -> dict[str, Path]:
+    found = {name: CATALOGS / rel for name, rel in SPECS.items() if (CATALOGS / rel).exists()}
+    if github:
+        found["github"] = Path(github)
+    return found
+
+
+def _load_spec(path: Path) -> list[Tool] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return load_catalog(path)
+    except CatalogError as exc:
+        print(f"  {path}: not imported ({exc})")
+        return None
+
+
+def dependency_bindings(graph: ToolGraph) -> set[tuple[str, str, str, str]]:
+    return {(e.src, e.dst, e.src_field, e.dst_param) for e in graph.dependencies()}
+
+
+def draw_specs(per_spec: int, seed: int, github: str | None) -> None:
+    """Per spec: PER_SPEC dependencies of the current graph at random (seeded by spec and seed), none labelled."""
+    labels = [json.loads(line) for line in SPEC_LABELS.read_text().splitlines() if line.strip()] \
+        if SPEC_LABELS.exists() else []
+    done = {(r["spec"], r["src"], r["dst"], r["path"], r["param"]) for r in labels}
+    for spec, path in spec_sources(github).items():
+        tools = _load_spec(path)
+        if not tools:
+            continue
+        by_name = {t.name: t for t in tools}
+        deps = sorted(b for b in dependency_bindings(ToolGraph.build(tools)) if (spec, *b) not in done)
+        for u, v, field_path, param in random.Random(f"{spec}:{seed}").sample(deps, min(per_spec, len(deps))):
+            print(json.dumps({"spec": spec, "src": u, "dst": v, "path": field_path, "param": param,
+                              "set": "precision", "draw": f"seed {seed}",
+                              "src_tool": _describe(by_name[u]), "dst_tool": _describe(by_name[v], param)}))
+
+
+def spec_figures(github: str | None) -> None:
+    labels = [json.loads(line) for line in SPEC_LABELS.read_text().splitlines() if line.strip()]
+    print(f"per-spec labels ({SPEC_LABELS.name}): precision of dependencies on seeded draws, recall on true edges "
+          "read from the spec")
+    print(f"  {'spec':25s} {'tools':>5s} {'build s':>7s} {'deps':>6s} {'echoes':>6s}  precision (kept true/kept)"
+          "   recall (found/true)   per draw")
+    for spec, path in spec_sources(github).items():
+        tools = _load_spec(path)
+        if not tools:
+            continue
+        start = time.perf_counter()
+        graph = ToolGraph.build(tools)
+        seconds = time.perf_counter() - start
+        deps, every = dependency_bindings(graph), graph_bindings(graph)
+        rows = [r for r in labels if r["spec"] == spec]
+        judged = [r for r in rows if r["set"] == "precision" and (r["src"], r["dst"], r["path"], r["param"]) in deps]
+        true_kept = sum(r["label"] for r in judged)
+        truth = [r for r in rows if r["set"] == "recall"]
+        found = [r for r in truth if (r["src"], r["dst"], r["path"], r["param"]) in deps]
+        draws = []
+        for draw in sorted({r["draw"] for r in judged}):
+            kept = [r for r in judged if r["draw"] == draw]
+            draws.append(f"{draw}: {sum(r['label'] for r in kept)}/{len(kept)}")
+        p = true_kept / len(judged) if judged else 0.0
+        r_ = len(found) / len(truth) if truth else 0.0
+        print(f"  {spec:25s} {len(tools):5d} {seconds:7.2f} {len(deps):6d} {len(every - deps):6d}  "
+              f"{true_kept:3d}/{len(judged):3d} = {p:.2f}             {len(found):2d}/{len(truth):2d} = {r_:.2f}"
+              f"        {'; '.join(draws)}")
+        missed = [(r["src"], r["path"], r["dst"], r["param"]) for r in truth if r not in found]
+        for m in missed:
+            print(f"      missed: {m[0]}.{m[1]} -> {m[2]}.{m[3]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 300, 1000])
@@ -416,7 +502,18 @@ def main() -> None:
     parser.add_argument("--sources", nargs="+", help="draw from these sources only (default: all; "
                         "the Twilio descriptions for --draw-patterns)")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--specs", action="store_true", help="precision and recall per real spec, on "
+                        "data/edge_labels_specs.jsonl, then build times")
+    parser.add_argument("--draw-specs", type=int, metavar="PER_SPEC", help="draw unlabelled dependencies per spec")
+    parser.add_argument("--github", help="path to GitHub's api.github.com.json (npm pack @octokit/openapi@23.0.2)")
     args = parser.parse_args()
+    if args.draw_specs:
+        draw_specs(args.draw_specs, args.seed, args.github)
+        return
+    if args.specs:
+        spec_figures(args.github)
+        timing(args.sizes, args.repeat, False, {})
+        return
     if args.draw:
         draw(*args.draw, args.seed, args.sources)
         return

@@ -16,6 +16,11 @@ An edge u→v carries one or more *bindings* (output field path of u → paramet
   ``date``) or into a path parameter (``/repositories/{username}/{slug}``); never when it is free text, a flag,
   a timestamp, a URL, a paging knob or a value from a closed list (``enum``), nor into a write's body, whose
   values the user chooses.
+  On an HTTP route a path template is typed by its collection and by what the GET at that address returns
+  (``{hook_id}`` under ``/hooks`` is the key of the ``Webhook`` that ``GET /hooks/{hook_id}`` gives); an entity
+  named only by a key word (``key_id``) takes no more specific one; a parameter named by a bare entity
+  (``channel``, ``workspace``) takes that entity's key where the catalog names it (``channel_id``), same type only.
+  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``).
 * ``entity``: the environment's foreign keys (a field that references ``users.user_id`` feeds a ``user_id``
   parameter, and a ``user_id`` feeds a parameter named like the referencing column).
 * ``link``: OpenAPI response links carried in the tool's ``origin`` (``$response.body#/id`` → ``petId``).
@@ -207,6 +212,13 @@ def _type_of(schema: Any, root: Any, seen: frozenset[str]) -> str | None:
     return None
 
 
+def _is_name(title: str) -> bool:
+    """Whether a schema title names a thing (``Task``, ``conversations.v1.conversation``, GitHub's ``Commit Comment``)
+    rather than describing it in a sentence: one word, or up to four capitalised ones."""
+    parts = title.split()
+    return len(parts) == 1 or 1 < len(parts) <= 4 and all(p[:1].isupper() and p.isalpha() for p in parts)
+
+
 def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> list[OutputField]:
     """Scalar fields reachable in a result schema.
 
@@ -226,7 +238,7 @@ def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str,
     if not isinstance(schema, dict) or len(prefix) > MAX_NESTING:
         return
     title = schema.get("title") if isinstance(schema.get("title"), str) else ref_name
-    if title and " " not in title.strip():  # a name, not a sentence
+    if title and _is_name(title):
         holder = (title, *(h for h in holder if h != title))
     for key in ("allOf", "oneOf", "anyOf"):
         for branch in schema.get(key) or ():
@@ -275,6 +287,8 @@ def holder_entity(name: str) -> tuple[str, ...]:
     """The entity a schema title or property names: ``conversations.v1.conversation`` → ``conversation``,
     ``ListPetsResponse`` → ``pet``, ``owner`` → ``owner``."""
     ws = list(words(name.rsplit(".", 1)[-1]))
+    if ws and all(w in GENERIC_WORDS for w in ws) and (singular(ws[-1]) != ws[-1] or ws[-1] == "data"):
+        return ()  # a container (``items`` of a search result, ``data``), no entity; Asana's ``resource`` is one
     if len(ws) > 1 and ws[0] in VERBS:
         ws = ws[1:]
     while len(ws) > 1 and ws[-1] in GENERIC_WORDS:
@@ -347,6 +361,10 @@ class _Param:
     # A parameter of an HTTP route takes only its own entity's key or a more specific one: an ``issue_comment``'s
     # id feeds ``comment_id``, a bare ``comment`` id never feeds ``issue_comment_id``.
     strict: bool = False
+    # Takes only its own type: no integer id widened to a string.
+    exact_type: bool = False
+    # A body or query argument, not a route's key.
+    argument: bool = False
 
 
 def _template(route: str, param: str) -> str | None:
@@ -418,6 +436,20 @@ def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
     return found
 
 
+def noun_keys(tools: Iterable[Tool]) -> dict[str, tuple[str, str]]:
+    """One-word entities whose key some parameter names (``channel_id``, ``UserSid``), each with its key word and
+    type; an entity seen with two key words or two types is left out (which one a bare ``channel`` takes is
+    unknown; GitHub's integer ``event_id`` says nothing of its string ``event``, a name)."""
+    seen: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for tool in tools:
+        schema = tool.parameters or {}
+        for pname, sub in (schema.get("properties") or {}).items():
+            ident = identifier(pname)
+            if ident and len(ident[1]) == 1 and len(words(pname)) == 2:
+                seen[ident[1][0]].add((ident[0], _type_of(sub, schema, frozenset()) or ""))
+    return {noun: keys.pop() for noun, keys in seen.items() if len(keys) == 1}
+
+
 @dataclass
 class _Index:
     """The parameters of all tools, keyed so that a result field finds its candidates by dictionary lookups."""
@@ -428,25 +460,32 @@ class _Index:
     # Key words of path templates that are no identifier words (``number`` of ``{issue_number}``): a result field
     # of that name is looked up as a key too.
     path_keys: set[str] = field(default_factory=set)
+    # Entities that have routes of their own (``{runner_group_id}``: a runner group is a kind of record, not a role).
+    kinds: set[tuple[str, ...]] = field(default_factory=set)
     # What each tool takes as required input, as names and as typed keys: a result field equal to one of them
     # echoes the call's own input.
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
     resources: dict[str, _Resource] = field(default_factory=dict)
+    # One-word entities whose key the catalog's parameters name (``channel`` of ``channel_id``), with that key word.
+    noun_keys: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def _typed_path_param(self, tool: Tool, spec_name: str) -> tuple[str, tuple[str, ...]] | None:
-        """A path template as ``(key word, entity)``, the entity made as specific as the GET of its resource says
-        (``{comment_id}`` under ``/pulls/comments`` is a ``pull request review comment``'s id)."""
+    def _typed_path_params(self, tool: Tool, spec_name: str) -> list[tuple[str, tuple[str, ...]]]:
+        """The template's ``(key word, entity)``, then the entity its resource's GET names where that differs and
+        the GET's result carries the key under the template's key word: ``{hook_id}`` under ``/hooks`` is the id
+        of what ``GET /hooks/{hook_id}`` returns, a ``webhook``."""
         route = _route(tool)
         typed = _path_key(route, spec_name)
         if typed is None:
-            return None
+            return []
         key, entity = typed
         if not entity:
-            return None
+            return []
         res = self.resources.get(_template(route, spec_name) or "")
         if res and res.entity and len(res.entity) > len(entity) and res.entity[-len(entity):] == entity:
-            entity = res.entity
-        return key, entity
+            return [(key, res.entity)]
+        if res and res.entity and res.entity[-1] != entity[-1] and res.key_field and normalise(res.key_field) == key:
+            return [(key, entity), (key, res.entity)]
+        return [(key, entity)]
 
     def add(self, tool: Tool) -> None:
         schema = tool.parameters or {}
@@ -466,22 +505,36 @@ class _Index:
             given = pname in required or in_path
             if given:
                 names.add(normalise(spec_name))
-            typed = self._typed_path_param(tool, spec_name) if in_path else None
+            all_typed = self._typed_path_params(tool, spec_name) if in_path else []
+            typed = all_typed[0] if all_typed else None
             ident = identifier(spec_name)
             if typed:
-                key, entity = typed
-                if key not in KEY_WORDS:
-                    self.path_keys.add(key)
-                self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
-                if given:
-                    typed_inputs.add(typed)
+                for key, entity in all_typed:
+                    self.kinds.add(entity)
+                    if key not in KEY_WORDS:
+                        self.path_keys.add(key)
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
+                    if given:
+                        typed_inputs.add((key, entity))
             elif ident:
                 key, entity = ident
                 entity = entity or _param_entity(tool, pname)
                 if entity:
-                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed))
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=routed,
+                                                                    argument=True))
                     if given:
                         typed_inputs.add((key, entity))
+            elif not in_path and ptype == "string" and self.noun_keys.get(normalise(spec_name), ("", ""))[1] == ptype \
+                    and plain_attribute(spec_name, ptype) and not _closed_list(sub, schema):
+                # a parameter named by a bare entity (Slack's ``channel``, Asana's ``workspace`` filter) where the
+                # catalog names that entity's key elsewhere (``channel_id``): it takes that key, as a string only
+                # (GitHub's ``user`` filter is a login, never a user's integer ``id``)
+                noun = normalise(spec_name)
+                key = self.noun_keys[noun][0]
+                self.identifiers[key, noun].append(_Param(tool.name, pname, ptype, (noun,), strict=routed,
+                                                          exact_type=True))
+                if given:
+                    typed_inputs.add((key, (noun,)))
             elif plain_attribute(spec_name, ptype) and not _closed_list(sub, schema) and (
                     in_path if routed else not tool.mutates):
                 # A write's other arguments are the new values the user chooses (a new city, a new limit), and a
@@ -513,6 +566,7 @@ class ToolGraph:
         g = nx.DiGraph()
         index = _Index()
         index.resources = resources(tools.values())
+        index.noun_keys = noun_keys(tools.values())
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
             index.add(t)
@@ -620,8 +674,15 @@ def _candidates(
                 entities = [resource]
             for entity in dict.fromkeys(e for e in entities if e):
                 for p in index.identifiers.get((key, entity[-1]), ()):
-                    agree = entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)
-                    if agree and _feeds_identifier(out.type, p.type):
+                    # an entity named by a key word (``key_id``: a GPG key, an SSH key, a public key?) says too
+                    # little to take a more specific one: only the same entity feeds it
+                    # and a body or query argument takes no more specific entity that has routes of its own: a
+                    # runner group's id is no IdP ``group_id`` (an ``emergency_address_sid`` is still an address's)
+                    agree = entity == p.entity if p.entity[-1] in KEY_WORDS else \
+                        (entity[-len(p.entity):] == p.entity if p.strict else same_entity(entity, p.entity)) and not (
+                            p.argument and len(entity) > len(p.entity) and entity in index.kinds)
+                    fits = out.type == p.type if p.exact_type else _feeds_identifier(out.type, p.type)
+                    if agree and fits:
                         score = SAME_NAME if normalise(p.name) == norm else SAME_ENTITY if ident[1] else OWN_KEY
                         yield out, "name", score, p, (key, entity)
         if not named and plain_attribute(out.name, out.type):

@@ -38,8 +38,9 @@ from generators.graph import (
     words,
 )
 from schemas import TABLES, Tool
+from storage.external import shared_root
 
-CATALOGS = Path(__file__).resolve().parents[3] / "shared" / "catalogs" / "openapi"
+CATALOGS = shared_root() / "catalogs" / "openapi"
 
 
 @pytest.fixture(scope="module")
@@ -650,3 +651,149 @@ def test_a_field_that_echoes_the_tool_s_own_input_is_no_dependency() -> None:
     assert ("FetchCall", "ListRecording", "account_sid", "AccountSid") not in deps
     assert ("FetchCall", "ListRecording", "sid", "CallSid") not in deps  # the call's own sid: an input too
     assert ("FetchCall", "ListRecording", "parent_call_sid", "CallSid") in deps
+
+
+# --- real-spec behaviours the per-spec labels measure (benchmarks/data/edge_labels_specs.md) -------------------
+
+
+def _deps(graph: ToolGraph) -> set[tuple[str, str, str, str]]:
+    return {(e.src, e.dst, e.src_field, e.dst_param) for e in graph.dependencies()}
+
+
+def test_a_route_key_is_fed_by_what_its_get_returns_whatever_its_name() -> None:
+    """GitHub's ``{hook_id}`` under ``/hooks``: ``GET /hooks/{hook_id}`` returns a ``Webhook`` carrying ``id``, so a
+    created webhook's ``id`` feeds it although no word of ``webhook`` is ``hook``; a gist's ``id`` does not."""
+    webhook = {"type": "object", "title": "Webhook", "properties": {"id": INT, "name": STR, "active": {
+        "type": "boolean"}}}
+    tools = [
+        _tool("repos_create_webhook", {"owner": STR, "repo": STR}, webhook, mutates=True,
+              path="/repos/{owner}/{repo}/hooks"),
+        _tool("repos_get_webhook", {"owner": STR, "repo": STR, "hook_id": INT}, webhook,
+              path="/repos/{owner}/{repo}/hooks/{hook_id}"),
+        _tool("gists_create", {"description": STR}, {"type": "object", "title": "gist", "properties": {"id": INT}},
+              mutates=True, path="/gists"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("repos_create_webhook", "repos_get_webhook", "id", "hook_id") in deps
+    assert ("gists_create", "repos_get_webhook", "id", "hook_id") not in deps
+
+
+def test_ids_that_share_only_a_key_suffix_are_not_joined() -> None:
+    """A secret's ``key_id`` is the id of the public key it was encrypted with: a GPG key's ``primary_key_id`` and an
+    SSH signing key's ``id`` end in "key id" too and are other things (the old suffix rule joined them)."""
+    secret_write = _tool("create_secret", {"secret_name": STR, "key_id": STR, "encrypted_value": STR}, None,
+                         mutates=True, path="/user/secrets/{secret_name}")
+    tools = [
+        secret_write,
+        _tool("get_gpg_key", {"gpg_key_id": INT}, {"type": "object", "title": "gpg-key", "properties": {
+            "id": INT, "primary_key_id": INT}}, path="/user/gpg_keys/{gpg_key_id}"),
+        _tool("create_ssh_signing_key", {"title": STR}, {"type": "object", "title": "ssh-signing-key",
+                                                         "properties": {"id": INT}}, mutates=True,
+              path="/user/ssh_signing_keys"),
+        _tool("get_public_key", {}, {"type": "object", "title": "actions-public-key", "properties": {
+            "key_id": STR, "key": STR, "id": INT}}, path="/user/secrets/public-key"),
+    ]
+    bound = _bound(ToolGraph.build(tools))
+    assert ("get_public_key", "create_secret", "key_id", "key_id") in bound
+    assert not {b for b in bound if b[1] == "create_secret" and b[0] != "get_public_key"}, bound
+    assert ("get_public_key", "create_secret", "id", "key_id") not in bound
+
+
+def test_an_asana_style_fetch_flags_its_own_gid_and_depends_through_its_workspace() -> None:
+    """``GET /tasks/{task_gid}`` gives back ``data.gid``, the task it was asked for: an echo, no dependency; the task's
+    ``data.workspace.gid`` was not known before the call: a dependency."""
+    task = {"type": "object", "properties": {"data": {"type": "object", "title": "TaskResponse", "properties": {
+        "gid": STR, "name": STR, "workspace": {"type": "object", "title": "WorkspaceCompact", "properties": {
+            "gid": STR, "name": STR}}}}}}
+    tools = [
+        _tool("getTask", {"task_gid": STR}, task, path="/tasks/{task_gid}"),
+        _tool("addFollowersForTask", {"task_gid": STR}, task, mutates=True, path="/tasks/{task_gid}/addFollowers"),
+        _tool("getWorkspaceEvents", {"workspace_gid": STR}, {"type": "object", "properties": {}},
+              path="/workspaces/{workspace_gid}/events"),
+    ]
+    graph = ToolGraph.build(tools)
+    assert ("getTask", "addFollowersForTask", "data.gid", "task_gid") in _bound(graph)
+    assert ("getTask", "addFollowersForTask", "data.gid", "task_gid") not in _deps(graph)
+    assert ("getTask", "getWorkspaceEvents", "data.workspace.gid", "workspace_gid") in _deps(graph)
+
+
+def test_real_twilio_conversations_created_records_feed_their_routes_and_echoes_stay_out() -> None:
+    graph = ToolGraph.build(_catalog("twilio_conversations_v1.json"))
+    deps = _deps(graph)
+    assert ("CreateConversation", "CreateConversationMessage", "sid", "ConversationSid") in deps
+    assert ("CreateConversationMessage", "ListConversationMessageReceipt", "sid", "MessageSid") in deps
+    # a service-scoped call's result carries the ChatServiceSid it was called with: never a dependency
+    echoes = {(e.src, e.dst) for e in graph.edges()} - {(e.src, e.dst) for e in graph.dependencies()}
+    assert ("FetchServiceConversation", "FetchServiceRole") in echoes
+
+
+def test_a_bare_entity_parameter_takes_that_entity_s_key_as_the_catalog_names_it() -> None:
+    """Slack's ``channel`` and ``usergroup`` take ids where the catalog's ``channel_id`` names them: a created user
+    group's ``usergroup.id`` feeds ``usergroup``, a scheduled message's ``channel_id`` feeds ``channel``. GitHub's
+    ``user`` filter is a login: an integer ``id`` never feeds it, nor does a ``status`` feed ``status``."""
+    group = {"type": "object", "properties": {"usergroup": {"type": "object", "properties": {"id": STR}}}}
+    tools = [
+        _tool("usergroups_create", {"name": STR}, group, mutates=True, path="/usergroups.create"),
+        _tool("usergroups_disable", {"usergroup": STR}, group, mutates=True, path="/usergroups.disable"),
+        _tool("admin_usergroups_list", {"usergroup_id": STR, "channel_id": STR}, None, path="/admin.usergroups.list"),
+        _tool("scheduled_list", {}, {"type": "object", "properties": {"items": {"type": "array", "items": {
+            "type": "object", "properties": {"channel_id": STR, "status": STR}}}}}, path="/scheduled.list"),
+        _tool("conversations_history", {"channel": STR, "status": STR}, None, path="/conversations.history"),
+        _tool("users_get", {"user_id": INT}, {"type": "object", "properties": {"id": INT, "login": STR}},
+              path="/users/{user_id}"),
+        _tool("usage_report", {"user": STR}, None, path="/usage"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("usergroups_create", "usergroups_disable", "usergroup.id", "usergroup") in deps
+    assert ("scheduled_list", "conversations_history", "items.*.channel_id", "channel") in deps
+    assert not {d for d in deps if d[3] in ("user", "status")}, deps
+
+
+def test_a_capitalised_title_of_a_few_words_names_its_entity() -> None:
+    """GitHub titles its schemas ``Commit Comment``: that names the entity (``{comment_id}`` under ``/comments`` is
+    a commit comment's), so an issue comment's ``id`` does not feed it; a sentence as a title names nothing."""
+    commit_comment = {"type": "object", "title": "Commit Comment", "properties": {"id": INT, "body": STR}}
+    issue_comment = {"type": "object", "title": "Issue Comment", "properties": {"id": INT, "body": STR}}
+    tools = [
+        _tool("repos_get_commit_comment", {"owner": STR, "repo": STR, "comment_id": INT}, commit_comment,
+              path="/repos/{owner}/{repo}/comments/{comment_id}"),
+        _tool("repos_create_commit_comment", {"owner": STR, "repo": STR, "commit_sha": STR}, commit_comment,
+              mutates=True, path="/repos/{owner}/{repo}/commits/{commit_sha}/comments"),
+        _tool("issues_create_comment", {"owner": STR, "repo": STR, "issue_number": INT}, issue_comment,
+              mutates=True, path="/repos/{owner}/{repo}/issues/{issue_number}/comments"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("repos_create_commit_comment", "repos_get_commit_comment", "id", "comment_id") in deps
+    assert ("issues_create_comment", "repos_get_commit_comment", "id", "comment_id") not in deps
+    fields = output_fields({"type": "object", "title": "A comment on a commit", "properties": {"id": INT}})
+    assert fields[0].holder == ()
+
+
+def test_a_body_argument_takes_no_more_specific_kind_that_has_routes_of_its_own() -> None:
+    """A runner group has routes of its own (``/runner-groups/{runner_group_id}``): its id is no IdP ``group_id``
+    (the old suffix rule joined them). An emergency address has none: ``emergency_address_sid`` is an address's."""
+    tools = [
+        _tool("get_runner", {"runner_id": INT}, {"type": "object", "properties": {"runner_group_id": INT}},
+              path="/runners/{runner_id}"),
+        _tool("get_runner_group", {"runner_group_id": INT}, {"type": "object", "properties": {"id": INT}},
+              path="/runner-groups/{runner_group_id}"),
+        _tool("create_team", {"name": STR, "group_id": INT}, None, mutates=True, path="/teams"),
+        _tool("FetchNumber", {"Sid": STR}, {"type": "object", "properties": {"emergency_address_sid": STR}},
+              path="/Numbers/{Sid}"),
+        _tool("CreateNumber", {"AddressSid": STR}, None, mutates=True, path="/Numbers"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("get_runner", "create_team", "runner_group_id", "group_id") not in deps
+    assert ("FetchNumber", "CreateNumber", "emergency_address_sid", "AddressSid") in deps
+
+
+def test_a_generic_container_names_no_entity() -> None:
+    """A search result's ``items`` are repositories, not project items: ``items.*.id`` does not feed ``item_id``."""
+    found = {"type": "object", "properties": {"total_count": INT, "items": {"type": "array", "items": {
+        "type": "object", "properties": {"id": INT, "full_name": STR}}}}}
+    tools = [
+        _tool("search_repos", {"q": STR}, found, path="/search/repositories"),
+        _tool("projects_get_item", {"project_number": INT, "item_id": INT}, None,
+              path="/projects/{project_number}/items/{item_id}"),
+    ]
+    assert not _bound(ToolGraph.build(tools))
