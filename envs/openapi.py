@@ -942,7 +942,7 @@ def _pick_answer(r: Resource) -> str | None:
 
 def _words(name: str) -> str:
     """``FriendlyName`` / ``friendly_name`` / ``Configuration.Url`` → ``friendly name`` / … / ``configuration url``."""
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|[_.\s-]+", " ", name).lower().strip()
+    return re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z0-9])(?=[A-Z][a-z])|[_.\s-]+", " ", name).lower().strip()
 
 
 def _entity(r: Resource) -> str:

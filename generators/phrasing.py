@@ -81,12 +81,12 @@ def defects(task: Task, specs: Mapping[str, ToolSpec] | None = None) -> list[tup
     for request in task.requests or [task.goal]:
         text = _masked(request, task)
         for m in (*_HTTP.finditer(text), *_PATH.finditer(text)):
-            out.append(("http_line", m.group(0)))
+            out.append(("http_line", m.group(0).replace(_MASK, "…")))
         for pattern, _ in _SEAMS:
             for m in pattern.finditer(text):
                 out.append(("seam", text[max(0, m.start() - 20):m.end() + 20].replace(_MASK, "…")))
         for m in _MIXED_CASE.finditer(text):
-            out.append(("capitalisation", m.group(0)))
+            out.append(("capitalisation", m.group(0).replace(_MASK, "…")))
         for m in _SENTENCE_START.finditer(text):
             out.append(("capitalisation", text[m.start(1):m.start(1) + 30].replace(_MASK, "…")))
     for tool, param, value in _literals(task):
