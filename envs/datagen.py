@@ -30,6 +30,22 @@ WORDS = ("support", "billing", "onboarding", "feedback", "sales", "alerts", "wel
 TAGS = ("dog", "cat", "bird", "fish", "rabbit")
 BODIES = ("Hello, how can I help?", "Thanks for reaching out.", "Your order has shipped.",
           "See you tomorrow at 10.", "Could you send the invoice?", "All set, thank you!")
+# Places and codes, so that a country is a country: (ISO 3166 code, name), with a city and a street of each.
+COUNTRIES = (("US", "United States"), ("GB", "United Kingdom"), ("DE", "Germany"), ("FR", "France"),
+             ("JP", "Japan"), ("BR", "Brazil"), ("IN", "India"), ("NG", "Nigeria"), ("CA", "Canada"),
+             ("AU", "Australia"), ("ES", "Spain"), ("NO", "Norway"), ("PT", "Portugal"), ("KE", "Kenya"))
+REGIONS = ("CA", "NY", "TX", "WA", "Ontario", "Bavaria", "Lisboa", "Oslo")
+STREETS = ("12 Harbour Road", "221 Baker Street", "5 Rua Augusta", "88 Market Street", "3 Elm Avenue",
+           "17 King Street", "40 Mill Lane")
+LANGUAGES = ("en", "en-US", "fr", "de", "es", "pt-BR", "ja")
+CURRENCIES = ("USD", "EUR", "GBP", "JPY", "BRL", "INR")
+TIMEZONES = ("America/New_York", "Europe/Lisbon", "Asia/Tokyo", "Africa/Nairobi", "Australia/Perth", "UTC")
+COLOURS = ("red", "green", "blue", "yellow", "purple", "orange")
+# Field names (normalised: lower case, letters and digits) a server keeps for itself: when a row was last
+# changed and its revision. A write whose only effect is on these changed nothing a user asked for.
+BOOKKEEPING = re.compile(r"(date|time)?(updated|modified|changed|lastmodified|lastupdated|edited)(at|on|date|time|"
+                         r"timestamp|by)?|(date|time)(updated|modified|changed)|lastmodified\w*|etag|version|"
+                         r"revision|rev|lockversion|updatecount|modcount|modifiedby|updatedby|lastupdatedby")
 BASE_URL = "https://api.example.com"
 # A repetition without an upper bound (``+``, ``*``) is drawn up to this many extra times.
 OPEN_REPEAT = 4
@@ -133,6 +149,52 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def bookkeeping(name: str, schema: dict[str, Any] | None = None) -> bool:
+    """Whether a field is one a server keeps for itself (``date_updated``, ``updatedAt``, ``etag``, ``version``),
+    decided from its name, or a read-only date-time whose name says it changes (``modified_time``)."""
+    n = _norm(name)
+    if BOOKKEEPING.fullmatch(n):
+        return True
+    schema = schema if isinstance(schema, dict) else {}
+    return bool(schema.get("readOnly")) and schema.get("format") == "date-time" and \
+        any(w in n for w in ("updated", "modified", "changed"))
+
+
+_PERSON_FIELDS = ("name", "fullname", "author", "owner", "contact", "customer", "person", "assignee", "sender",
+                  "recipient", "username", "identity", "firstname", "lastname", "givenname", "surname",
+                  "familyname", "displayname", "nickname", "user", "member", "attendee", "manager")
+
+
+def implausible(name: str, value: Any, schema: dict[str, Any] | None = None) -> str | None:
+    """Why ``value`` is not what a field named ``name`` holds (an email without ``@``, a country named after a
+    person), or None where nothing says it is wrong. Judged from the schema's ``format`` and the field's name."""
+    if not isinstance(value, str) or not value:
+        return None
+    schema = schema if isinstance(schema, dict) else {}
+    if schema.get("enum") and value in schema["enum"]:
+        return None
+    n, fmt = _norm(name), schema.get("format")
+    if fmt in ("email", "idn-email") or n in ("email", "emailaddress") or n.endswith("email"):
+        return None if re.fullmatch(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}", value) else "not an email address"
+    if fmt in ("uri", "url", "iri") or n.endswith(("url", "uri")):
+        return None if re.match(r"[a-z][a-z0-9+.-]*:", value) else "not a URL"
+    if fmt == "date-time" or fmt == "date":
+        return None if re.match(r"\d{4}-\d{2}-\d{2}", value) else f"not a {fmt}"
+    if fmt == "uuid":
+        return None if re.fullmatch(r"[0-9a-fA-F-]{36}", value) else "not a UUID"
+    if "country" in n:
+        codes = {c for c, _ in COUNTRIES}
+        names = {c.lower() for _, c in COUNTRIES}
+        ok = re.fullmatch(r"[A-Z]{2,3}", value) or value.lower() in names or value.upper() in codes
+        return None if ok else "not a country"
+    if "currency" in n:
+        return None if re.fullmatch(r"[A-Za-z]{3}", value) else "not a currency code"
+    people = {f"{a} {b}" for a in FIRST for b in LAST}
+    if value in people and not any(w in n for w in _PERSON_FIELDS):
+        return "a person's name in a field that holds no person"
+    return None
+
+
 def timestamp(rng: random.Random, *, year: int = 2025) -> str:
     return (f"{year}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T"
             f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d}Z")
@@ -172,8 +234,25 @@ def _by_name(name: str, rng: random.Random, hint: str) -> str | None:
         return _by_format("email", rng, name)
     if "phone" in n or n in ("from", "to", "address", "mobile"):
         return f"+1555{rng.randint(1000000, 9999999)}"
-    if n in ("city", "town"):
+    if "country" in n:  # IsoCountry, country_code: the code; country: its name
+        code, country = rng.choice(COUNTRIES)
+        return code if "iso" in n or "code" in n else country
+    if n in ("city", "town", "locality"):
         return rng.choice(CITIES)
+    if n in ("region", "province", "stateprovince", "county"):
+        return rng.choice(REGIONS)
+    if n in ("street", "streetaddress", "address1", "addressline1", "line1", "street1"):
+        return rng.choice(STREETS)
+    if n in ("postalcode", "zip", "zipcode", "postcode"):
+        return f"{rng.randint(10000, 99999)}"
+    if n in ("language", "locale", "lang", "languagecode"):
+        return rng.choice(LANGUAGES)
+    if "currency" in n:
+        return rng.choice(CURRENCIES)
+    if n in ("timezone", "tz", "timezoneid"):
+        return rng.choice(TIMEZONES)
+    if n in ("color", "colour"):
+        return rng.choice(COLOURS)
     if n.startswith("date") or n.endswith("date") or n.endswith("at") and n[:-2] in ("created", "updated"):
         return timestamp(rng)
     if n.endswith("url") or n.endswith("uri"):
@@ -181,7 +260,8 @@ def _by_name(name: str, rng: random.Random, hint: str) -> str | None:
     if n in ("friendlyname", "displayname", "title", "label", "uniquename"):
         return f"{rng.choice(WORDS)}-{rng.randint(1, 99)}" if n == "uniquename" else \
             f"{rng.choice(WORDS).capitalize()} {rng.choice(('desk', 'chat', 'channel', 'room', 'line'))}"
-    if n in ("name", "fullname", "username", "author", "identity", "owner"):
+    if n in ("name", "fullname", "username", "author", "identity", "owner", "customername", "contactname",
+             "personname"):
         first, last = rng.choice(FIRST), rng.choice(LAST)
         return f"{first.lower()}.{last.lower()}" if n in ("username", "identity") else f"{first} {last}"
     if n in ("firstname", "givenname"):

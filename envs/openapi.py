@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from envs import datagen
-from envs.base import Domain, ToolError, ToolSpec, generic_phrase
+from envs.base import Domain, ToolError, ToolSpec
 from schemas import Tool
 
 KINDS = ("list", "get", "create", "update", "delete")
@@ -940,28 +940,92 @@ def _pick_answer(r: Resource) -> str | None:
     return scalars[0].prop if scalars else (r.key_column.prop or None)
 
 
-def _slot(arg: str) -> str:
-    """``FriendlyName`` → ``friendly name {FriendlyName}``; ``name`` → ``name: {name}``.
+def _words(name: str) -> str:
+    """``FriendlyName`` / ``friendly_name`` / ``Configuration.Url`` → ``friendly name`` / … / ``configuration url``."""
+    return re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z0-9])(?=[A-Z][a-z])|[_.\s-]+", " ", name).lower().strip()
 
-    The task writer drops a word in front of a placeholder when the value names it already ("order O0001"), so a
-    label that is the parameter itself gets a colon: "name: Rex", not "with Rex".
-    """
-    label = re.sub(r"(?<=[a-z0-9])(?=[A-Z])|[_-]+", " ", arg).lower().strip()
-    said = [arg[:-3].split("_")[-1]] if arg.endswith("_id") else arg.replace("_", " ").split()
-    return f"{label}: {{{arg}}}" if label.split()[-1] in said else f"{label} {{{arg}}}"
+
+def _entity(r: Resource) -> str:
+    """How a person names one item of a resource: ``/v1/CompositionHooks`` → ``composition hook``,
+    ``/Accounts/{AccountSid}/Addresses.json`` → ``address``."""
+    segment = next((s for s in reversed(r.collection) if s != "{}" and not VERSION_SEGMENT.fullmatch(s)),
+                   r.table)
+    words = _words(re.sub(r"\.\w{2,5}$", "", segment)).split() or [r.table]
+    return " ".join([*words[:-1], _singular(words[-1])])
+
+
+def _plural(noun: str) -> str:
+    head, _, last = noun.rpartition(" ")
+    if last.endswith("y") and last[-2:-1] not in "aeiou":
+        last = last[:-1] + "ies"
+    elif last.endswith(("s", "x", "ch", "sh")):
+        last += "es"
+    else:
+        last += "s"
+    return f"{head} {last}".strip()
+
+
+# a summary that is no sentence a person would say: an HTTP line, a path, a template, a link, markup
+_NOT_PROSE = re.compile(r"(?i)\b(?:get|post|put|patch|delete|head|options)\s+/|\{|\}|/\w|https?:|[<>|`#]")
+
+
+# what a summary written about the operation ("Retrieves …") says as a request ("retrieve …")
+IMPERATIVE = {w + ("es" if w.endswith(("ch", "sh", "ss", "x")) else "s"): w for w in (
+    "add", "cancel", "change", "check", "create", "delete", "fetch", "find", "get", "list", "modify", "read",
+    "remove", "retrieve", "return", "search", "send", "set", "show", "update", "upload", "replace", "patch",
+    "look", "give")} | {"modifies": "modify", "copies": "copy", "applies": "apply"}
+
+
+def _summary(op: Operation) -> str | None:
+    """The operation's summary (the description's first sentence) where a person would say it in a request:
+    ``"Fetch a specific Conversation Message"`` → ``"fetch a specific Conversation Message"``."""
+    text = re.sub(r"\[([^\]]+)\]\([^)]*\)", r"\1", op.tool.description or "").strip()
+    text = text.replace("**", "").replace("__", "")
+    first = re.split(r"(?<=[.!?])\s|\n", text, maxsplit=1)[0].strip().rstrip(".!?:; ")
+    words = first.split()
+    if not 2 <= len(words) <= 16 or _NOT_PROSE.search(first) or not first[0].isalpha():
+        return None
+    verb, _, rest = first.partition(" ")
+    first = f"{IMPERATIVE.get(verb.lower(), verb)} {rest}"  # "Retrieves a list …" → "retrieve a list …"
+    return first[0].lower() + first[1:] if not first[1:2].isupper() else first
+
+
+def _slot(arg: str, label: str | None = None) -> str:
+    """A labelled placeholder, ``{FriendlyName:friendly name}``: the task writer says ``friendly name "Ana"``
+    for a value it states, ``the friendly name from step 2`` for one an earlier call gives."""
+    return f"{{{arg}:{label or _words(arg)}}}"
 
 
 def _phrase(op: Operation, optional: list[str]) -> str:
-    """The summary's first sentence, the required parameters, then optional ones in parentheses (dropped when
-    the plan leaves them unbound)."""
-    bare = dataclasses.replace(op.tool, parameters={**op.tool.parameters, "required": []})
-    text = generic_phrase(bare)
+    """The request for one operation, in words: the summary's first sentence (else what the kind does to the
+    resource: "update the composition hook"), the items it acts on by their names ("conversation CH…, message
+    IM…"), the other required parameters, then optional ones in parentheses (dropped when the plan leaves them
+    unbound). No method, path or parameter template reaches the text."""
+    r = op.resource
     props = op.tool.parameters.get("properties") or {}
-    required = [p for p in op.tool.parameters.get("required") or () if p in props and re.fullmatch(r"\w+", p)]
-    if required:
-        text += " with " + ", ".join(_slot(p) for p in required)
+    path_args = op.path_args()
+    chain = r.chain() if op.path.item else r.chain()[:-1]
+    ids = [_slot(a, _entity(x)) for a, x in zip(path_args, chain)]
+    entity = _entity(r)
+    said = _summary(op)
+    if said is None:
+        article = "an" if entity[:1] in "aeiou" else "a"
+        own = ids.pop() if op.path.item else None
+        said = {"list": f"list the {_plural(entity)}", "create": f"create {article} {entity}",
+                "get": f"look up {own}", "update": f"update {own}", "delete": f"delete {own}"}[op.kind]
+        if ids:  # the parents, nearest first: "in conversation CH… of service IS…"
+            said += " in " + " of ".join(ids[::-1])
+        ids = []
+    required = [_slot(p) for p in op.tool.parameters.get("required") or () if p in props
+                and re.fullmatch(r"\w+", p) and p not in path_args]
+    text = said
+    if ids:  # "fetch a message from the conversation: conversation CH…, message IM…"
+        text += ": " + ", ".join(ids + required)
+    elif required:
+        text += " with " + ", ".join(required)
+    lead = {"list": "only those with ", "update": "set ", "create": "with "}.get(op.kind, "")
     for arg in optional:
-        text += f" ({'with ' if op.kind == 'list' else ''}{_slot(arg)})"
+        text += f" ({lead}{_slot(arg, _words(arg) + (' to' if op.kind == 'update' else ''))})"
     return text
 
 
@@ -1012,7 +1076,8 @@ def _build_specs(name: str, cls_name: str, ops: list[Operation]) -> tuple[dict[s
             want = 2 if op.kind == "update" else 1
             ranked = sorted((a for a, c in body_cols if a not in required and re.fullmatch(r"\w+", a)
                              and datagen.schema_type(props.get(a) or {}) in ("string", "integer", "number", "boolean")
-                             and _norm(a) not in ("datecreated", "dateupdated", "attributes")),
+                             and _norm(a) not in ("datecreated", "attributes")
+                             and not datagen.bookkeeping(a, props.get(a))),
                             key=lambda a: ("enum" not in (props.get(a) or {}), a))
             optional = ranked[:want]
         answer = {"list": "#" if r.list_key is None else f"#{r.list_key}", "get": _pick_answer(r),

@@ -10,6 +10,7 @@ argument values moved into the user's private information.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 from collections import Counter
@@ -21,6 +22,7 @@ from typing import Any
 import networkx as nx
 
 from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
+from envs.datagen import bookkeeping
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
@@ -49,6 +51,10 @@ ValueProposer = Callable[[str, str, dict[str, Any], "ToolEnvironment", int], Any
 """``(tool, param, arguments so far, environment, variant) -> value or None`` for free-form arguments."""
 SHARED_ENTITIES = frozenset({"room", "product", "payee"})
 SAMPLE_ATTEMPTS = 16
+# a placeholder of a phrase template: ``{order_id}``, or labelled ``{ConversationSid:conversation}`` (how the
+# request names the value: "conversation CH…", "the conversation from step 2")
+PLACEHOLDER = r"\{(\w+)(?::([^{}]*))?\}"
+_HTTP_LINE = re.compile(r"(?i)\b(?:get|post|put|patch|delete|head|options)\s+/")
 
 
 @dataclass
@@ -128,7 +134,7 @@ class PlanSampler:
     ) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """Complete ``fixed`` (param → ref) with literal values; returns (args, concrete values) or None."""
         schema = self.specs[tool].record.parameters
-        phrased = set(re.findall(r"\{(\w+)\}", self.specs[tool].phrase))
+        phrased = {m.group(1) for m in re.finditer(PLACEHOLDER, self.specs[tool].phrase)}
         args, values = {}, {}
         rows = [r for r in work.candidate_rows(tool) if all(r.get(p, v[1]) == v[1] for p, v in fixed.items())]
         row = rng.choice(rows) if rows else {}
@@ -259,25 +265,51 @@ class PlanSampler:
                             break
                 if step is not None:
                     steps.append(step)
-        if not self._writes_all_matter(steps, work.state_hash()):
+        if not self._writes_all_matter(steps, work):
             return None
         for s in steps:
             self.usage[f"{self.graph.domain}.{s.tool}"] += 1
         return work, steps, initial
 
-    def _writes_all_matter(self, steps: list[ExecutedStep], final_hash: str) -> bool:
+    @cached_property
+    def _bookkeeping(self) -> bool:
+        """Whether the state has fields a server keeps for itself (``date_updated``): see ``_writes_all_matter``."""
+        return any(bookkeeping(col) for rows in self.base.rows().values() for row in list(rows.values())[:1]
+                   for col in row)
+
+    def _writes_all_matter(self, steps: list[ExecutedStep], work: Environment) -> bool:
         """False if leaving out one write, the other calls unchanged, reaches the same final state (a limit set
-        twice, share-then-unshare): no verifier could tell whether that write was done."""
+        twice, share-then-unshare), or one that differs only in bookkeeping fields (an update to the values a
+        row already had, which only moved its ``date_updated``): no user asked for what that write did."""
+        final_hash = work.state_hash()
+        final_rows = None
         for skipped in (s for s in steps if self.specs[s.tool].mutates):
             trial = self.base.fork()
             for s in steps:
                 if s is not skipped:
                     trial.execute(s.tool, s.values)
             same = trial.state_hash() == final_hash
+            if not same and self._bookkeeping:
+                final_rows = final_rows if final_rows is not None else work.rows()
+                same = only_bookkeeping(trial.diff(final_rows))
             trial.close()  # a process-backed environment (an MCP server) is a process per fork
             if same:
                 return False
         return True
+
+
+def only_bookkeeping(diff: dict[str, Any]) -> bool:
+    """Whether a state diff changes nothing but bookkeeping fields (``envs.datagen.bookkeeping``) of rows that
+    exist before and after; an empty diff is not one."""
+    changed = False
+    for change in diff.values():
+        if change.get("inserted") or change.get("deleted"):
+            return False
+        for cols in (change.get("updated") or {}).values():
+            if not all(bookkeeping(c) for c in cols):
+                return False
+            changed = changed or bool(cols)
+    return changed
 
 
 # --- from an executed plan to a task -------------------------------------------------------------------------
@@ -314,20 +346,57 @@ def _render(template: str, rendered: dict[str, tuple[str, str]]) -> str:
     """Fill a phrase template; each value is (kind, text), and a noun already in the template is not repeated."""
 
     def sub(m: re.Match) -> str:
-        word, quote, param = m.group(1), m.group(2), m.group(3)
+        word, quote, param, label = m.group(1), m.group(2), m.group(3), m.group(4)
         if param not in rendered:
             return m.group(0)
         kind, text = rendered[param]
+        if label is not None:  # a labelled placeholder: the text says its noun itself ("conversation CH…")
+            return (f"{word} " if word else "") + text
         if word and (word.lower() in noun(param).split() or (word.lower() == "the" and text.startswith(("the ", "my ")))):
             word = None  # "order {order_id}" -> "order O0001"; "the {category}" -> "the category from step 2"
         if kind != "literal":
             quote = ""  # a reference is not the literal text: "name 'the name from step 2'" would mislead
         return (f"{word} " if word else "") + quote + text + quote
 
-    text = re.sub(r"(?:\b(\w+)\s+)?(['\"]?)\{(\w+)\}\2", sub, template)
+    text = re.sub(r"(?:\b(\w+)\s+)?(['\"]?)" + PLACEHOLDER + r"\2", sub, template)
     # Optional parameters the plan left unbound: drop "(reason: {reason})", or "under {max_price}" with its word.
-    text = re.sub(r"\s*\([^()]*\{\w+\}[^()]*\)", "", text)
-    return re.sub(r"\s+(?:\w+\s+)?['\"]?\{\w+\}['\"]?", "", text)
+    text = re.sub(r"\s*\([^()]*" + PLACEHOLDER + r"[^()]*\)", "", text)
+    return re.sub(r"\s+(?:\w+\s+)?['\"]?" + PLACEHOLDER + r"['\"]?", "", text)
+
+
+def _labelled(label: str, kind: str, value: Any, text: str) -> str:
+    """A labelled placeholder's words: ``conversation CH…``, ``friendly name "Support desk"``, ``the
+    conversation from step 2``; a label ending in " to" keeps it ("set status to …", "… to the status from …")."""
+    base = label[:-3] if label.endswith(" to") else label
+    head = f"{label} " if base != label else ""
+    if kind == "ref":
+        return head + text.replace("the \0", f"the {base}", 1)
+    if kind == "private":
+        return head + text
+    if isinstance(value, bool):
+        said = str(value).lower()
+    elif isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
+        said = ", ".join(str(v) for v in value)
+    elif isinstance(value, (dict, list)):
+        said = json.dumps(value)
+    elif isinstance(value, str) and re.search(r"\s", value):
+        said = f'"{value}"'
+    else:
+        said = str(value)
+    return f"{label} {said}"
+
+
+def forbidden_action(spec: ToolSpec) -> str:
+    """What a constraint forbids, in words ("cancel a pending order", "delete any message in any conversation"):
+    a one-line description as written, else the tool's request phrase with its values left out."""
+    desc = (spec.record.description or "").strip().rstrip(".")
+    if desc and "\n" not in desc and not _HTTP_LINE.search(desc):
+        return desc if desc[1:2].isupper() else f"{desc[0].lower()}{desc[1:]}"
+    text = re.sub(r"\s*\([^()]*" + PLACEHOLDER + r"[^()]*\)", "", spec.phrase)
+    text = re.sub(r"\{\w+:([^{}]*)\}", lambda m: "any " + m.group(1).removesuffix(" to"), text)
+    text = _render(text, {}).strip().rstrip(".")
+    text = re.sub(r"\s+(?:with|for|of|in|to)$", "", text) or spec.name.replace("_", " ")
+    return text if text[1:2].isupper() else f"{text[0].lower()}{text[1:]}"
 
 
 # what a user would ask about a result of a tool known only by its description (``ToolSpec.answer == "auto"``)
@@ -437,6 +506,7 @@ def build_task(
     lines: list[list[str]] = [[] for _ in range(n_requests)]
     for s in steps:
         rendered = {}
+        labels = {m.group(1): m.group(2) for m in re.finditer(PLACEHOLDER, specs[s.tool].phrase) if m.group(2)}
         for param, value in s.args.items():
             if isinstance(value, dict):
                 ref = steps[index[value["$ref"]]]
@@ -456,7 +526,13 @@ def build_task(
                 rendered[param] = ("literal", f"{noun(param)} {value}")
             else:
                 rendered[param] = ("literal", f"{value}")
+            if param in labels:
+                kind, said = rendered[param]
+                ref = f"the \0 from {where}" if kind == "ref" else said
+                rendered[param] = (kind, _labelled(labels[param], kind, value, ref))
         text = _render(specs[s.tool].phrase, rendered)
+        if labels:  # optional values side by side: "(set state to closed, friendly name to …)"
+            text = re.sub(r"\)\s+\((?:set |with |only those with )", ", ", text)
         lines[requests_of[s.id]].append(f"{index[s.id] + 1}) {text[0].upper()}{text[1:]}.")
     asks = []
     for src in sources:
@@ -470,9 +546,8 @@ def build_task(
     closing = ["Please make no changes other than the ones I asked for."]
     if forbidden:
         tool = rng.choice(forbidden)
-        desc = specs[tool].record.description.rstrip(".")
         rules.append(ForbiddenTool(tool))
-        closing.append(f"Do not {desc[0].lower()}{desc[1:]}.")
+        closing.append(f"Do not {forbidden_action(specs[tool])}.")
     rules.append(MaxCalls(2 * len(steps) + 4))
     requests = []
     for i, chunk in enumerate(lines):

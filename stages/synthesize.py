@@ -18,6 +18,7 @@ from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks,
 from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage
 from generators.llm import USAGE_COUNTS
+from generators.phrasing import unsolvable
 from generators.sources import Source, domain_names, open_sources
 from generators.tasks import PlanSampler, sample_task, task_id_for
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
@@ -207,6 +208,10 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Tool
     rows.timings["verify_s"] += time.perf_counter() - t2
     rows.counts["verifications"] += len(results)
     task.accepted, task.reject_reason = accept(results[0], results[1:])
+    if task.accepted and (reason := unsolvable(task)) is not None:
+        # verifiable but not solvable from its text: a value the request never gives, or a write that changed
+        # only the server's bookkeeping (generators.phrasing)
+        task.accepted, task.reject_reason = False, reason
     rows.counts["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["controls_rejected"] += sum(not v.passed for v in results[1:])

@@ -116,10 +116,10 @@ def test_operations_that_are_not_crud_are_reported_with_a_reason(domains) -> Non
 def test_specs_phrase_required_parameters_and_ask_for_a_field(domains) -> None:
     specs = domains["twilio_conversations_v1"].tools()
     fetch = specs["FetchConversationMessage"]
-    assert "{ConversationSid}" in fetch.phrase and "{Sid}" in fetch.phrase and not fetch.mutates
+    assert "{ConversationSid:conversation}" in fetch.phrase and "{Sid:message}" in fetch.phrase and not fetch.mutates
     assert specs["CreateConversation"].mutates and specs["DeleteConversation"].mutates
     assert specs["CreateConversation"].answer == "sid"
-    assert "{State}" in specs["ListConversation"].phrase  # a filter the sampler may bind, in parentheses
+    assert "{State:state}" in specs["ListConversation"].phrase  # a filter the sampler may bind, in parentheses
     pets = domains["petstore_expanded"].tools()
     assert pets["findPets"].answer == "#" and pets["find_pet_by_id"].answer == "name"
 
