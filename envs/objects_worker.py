@@ -128,6 +128,9 @@ def tree_rows(node, path, rows, ancestors):
             row[attr] = {"$path": ancestors[id(value)]}
         elif is_object(value) or holds_objects(value):
             branches.append((attr, value))
+            # the column stays, whatever the value holds: a row keeps its columns from state to state
+            row[attr] = (sorted(str(k) for k in value) if isinstance(value, dict) else
+                         len(value) if isinstance(value, (list, tuple)) else {"$path": f"{path}/{attr}"})
         else:
             row[attr] = plain(value)
     rows[path or "/"] = row
@@ -338,7 +341,13 @@ class Host:
             if not instances or not all(is_object(i) for i in instances.values()):
                 raise Failure(f"factory {self.config['factory']} must return an instance, a list of instances or "
                               "a {label: instance} dict")
-            return instances
+            # a factory that hands out a cached instance (BFCL's executor keeps them in module globals) must not
+            # share it between environments: each gets its own copy
+            try:
+                return pickle.loads(pickle.dumps(instances))
+            except Exception as exc:  # noqa: BLE001 - the instances must pickle: that is how forks are made
+                raise Failure(f"factory {self.config['factory']}: its instances cannot be pickled ({where(exc)}); "
+                              "an object environment forks by pickling") from None
         scenarios = self.config["scenarios"]
         if not 0 <= seed < len(scenarios):
             raise Failure(f"seed {seed} names no scenario (this source has {len(scenarios)}: seeds 0..{len(scenarios) - 1})")
@@ -384,8 +393,13 @@ class Host:
                               "method": fn.__name__, "phrase": "", "answer": "auto", "order": order,
                               "owner": label})
         self.tools = owners
-        for t in tools:
-            t["phrase"] = t["record"]["description"].split(". ")[0][:200]
+        for t in tools:  # as envs.base.generic_phrase: the first sentence, then the required parameters
+            text = re.split(r"(?<=[.!?])\s|\n", t["record"]["description"].strip(), maxsplit=1)[0].rstrip(".!? ")
+            text = text[0].lower() + text[1:] if text[:1].isupper() and not text[1:2].isupper() else text
+            params = t["record"]["parameters"]
+            slots = ", ".join(f"{re.sub(r'[_-]+', ' ', p)}: {{{p}}}" for p in params.get("required", [])
+                              if p in params.get("properties", {}) and re.fullmatch(r"\w+", p))
+            t["phrase"] = f"{text[:200]} ({slots})" if slots else text[:200]
         return {"name": self.config["name"], "description": self.config["description"], "tools": tools,
                 "tables": [], "keys": {}, "foreign_keys": [], "arg_sources": []}
 
@@ -462,8 +476,30 @@ class Host:
     def foreign_keys(self, _request):
         return []
 
-    def candidates(self, _request):
-        return []
+    def candidates(self, request):
+        """Values for parameter ``param`` from the state: those stored under a key named ``param`` and the keys
+        of dicts stored under ``param`` + ``s`` (``jar`` takes the keys of ``jars``), first seen first."""
+        param = request.get("param")
+        found = {}
+
+        def walk(value, depth=0):
+            if depth > 12:
+                return
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if k == param and isinstance(v, (str, int)) and not isinstance(v, bool):
+                        found.setdefault(json.dumps(v), v)
+                    if k in (f"{param}s", f"{param}es") and isinstance(v, dict):
+                        for key in v:
+                            found.setdefault(json.dumps(key), key)
+                    walk(v, depth + 1)
+            elif isinstance(value, list):
+                for v in value:
+                    walk(v, depth + 1)
+
+        instances = self.env(request).instances
+        walk({label: plain(inst) for label, inst in instances.items()})
+        return list(found.values())[:200]
 
     def candidate_rows(self, _request):
         return []

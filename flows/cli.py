@@ -119,7 +119,7 @@ def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:
 
 
 def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
-    """--catalog/--mcp/--env as environment sources, and --base-url as the endpoint of every role."""
+    """--catalog/--mcp/--env/--objects as environment sources, and --base-url as the endpoint of every role."""
     sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
     mcp_extra = {**({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {}),
                  **({"programs": args.mcp_programs} if getattr(args, "mcp_programs", None) else {}),
@@ -128,6 +128,9 @@ def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
     sources += [{"kind": "module", "ref": ref,
                  **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
                 for ref in getattr(args, "env", None) or []]
+    sources += [{"kind": "objects", "ref": ref,
+                 **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
+                for ref in getattr(args, "objects", None) or []]
     if sources:
         data["environments"] = [*data.get("environments", []), *sources]
         data.setdefault("domains", [])  # the user's own tools only, unless built-in domains are asked for too
@@ -559,8 +562,11 @@ def build_parser(command: str | None = None) -> _Parser:
                             "(http://127.0.0.1:3001/mcp) instead of stdio")
         p.add_argument("--env", action="append", metavar="MODULE:CLASS",
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
+        p.add_argument("--objects", action="append", metavar="MODULE:FACTORY",
+                       help="plain Python objects: package.module:factory (seed -> instances) or package.module:Class; "
+                            "public methods are the tools; runs sandboxed; repeatable")
         p.add_argument("--env-path", dest="env_path", metavar="DIR",
-                       help="folder to find --env packages in before the Python path, e.g. examples/bookshop")
+                       help="folder to find --env/--objects packages in before the Python path, e.g. examples/bookshop")
         endpoint_args(p, "every LLM role")
         p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
 

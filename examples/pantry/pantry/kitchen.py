@@ -26,34 +26,34 @@ class Pantry:
         self.favourites = {"oats"}
         self._log = []  # private: not state, not a tool
 
-    def find_jar(self, label: str) -> dict:
+    def find_jar(self, jar: str) -> dict:
         """Find which shelf holds a jar.
 
         Args:
-            label: The jar's label, e.g. "rice".
+            jar: The jar's label, e.g. "rice".
         """
         for shelf in self.shelves.values():
-            if label in shelf.jars:
-                return {"shelf": shelf.name, "grams": shelf.jars[label]}
-        raise KeyError(f"no jar labelled {label}")
+            if jar in shelf.jars:
+                return {"shelf": shelf.name, "grams": shelf.jars[jar]}
+        raise KeyError(f"no jar labelled {jar}")
 
-    def use(self, label: str, grams: int) -> dict:
+    def use(self, jar: str, grams: int = 50) -> dict:
         """Take some grams out of a jar; an empty jar goes onto the shopping list.
 
         Args:
-            label: The jar's label.
+            jar: The jar's label.
             grams: How much to take.
         """
-        where = self.find_jar(label)
+        where = self.find_jar(jar)
         if grams > where["grams"]:
-            raise ValueError(f"only {where['grams']} g of {label} left")
+            raise ValueError(f"only {where['grams']} g of {jar} left")
         shelf = self.shelves[where["shelf"]]
-        shelf.jars[label] -= grams
-        self._log.append(("use", label, grams))
-        if shelf.jars[label] == 0:
-            del shelf.jars[label]
-            self.shopping.append(label)
-        return {"left": shelf.jars.get(label, 0)}
+        shelf.jars[jar] -= grams
+        self._log.append(("use", jar, grams))
+        if shelf.jars[jar] == 0:
+            del shelf.jars[jar]
+            self.shopping.append(jar)
+        return {"left": shelf.jars.get(jar, 0)}
 
     def add_to_list(self, item: str) -> list:
         """Put an item on the shopping list.
