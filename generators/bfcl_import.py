@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,68 @@ def import_category(category: str, *, limit: int | None = None, root: Path | Non
     imported = [entry_task(source, e, i, category, docs) for i, e in enumerate(entries)]
     source.infer_mutates()
     return source, imported
+
+
+# --- perturbed candidates (what BFCL's checker and ours are compared on) ----------------------------------------
+
+CANDIDATE_KINDS = ("gold", "drop_last", "drop_each_last", "wrong_arg", "repeat_write", "swap_turns")
+"""``gold`` (the ground truth), ``drop_last`` (the last call of one turn left out), ``drop_each_last`` (of every
+turn), ``wrong_arg`` (one argument value changed), ``repeat_write`` (an extra harmful call: a call that changed
+the state done twice), ``swap_turns`` (two turns' calls exchanged)."""
+Calls = list[list[tuple[str, dict[str, Any]]]]
+
+
+def changed_value(value: Any) -> Any:
+    """Another value of the same kind (a wrong argument)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, float):
+        return round(value * 1.5 + 1, 2)
+    if isinstance(value, str):
+        return value + "_x" if value else "x"
+    if isinstance(value, list):
+        return value[:-1] if value else ["x"]
+    if isinstance(value, dict):
+        return {**value, "x": 1}
+    return "x"
+
+
+def candidate_calls(kind: str, im: ImportedEntry, writes: set[str], rng: random.Random) -> Calls | None:
+    """The perturbed per-turn calls of ``kind``, or None where the entry offers nothing to perturb."""
+    calls = [list(t) for t in im.calls]
+    turns = [k for k, t in enumerate(calls) if t]
+    if kind == "gold":
+        return calls
+    if not turns:
+        return None
+    if kind == "drop_last":
+        k = rng.choice(turns)
+        calls[k] = calls[k][:-1]
+        return calls
+    if kind == "drop_each_last":
+        return [t[:-1] for t in calls]
+    if kind == "wrong_arg":
+        spots = [(k, i) for k in turns for i, (_, args) in enumerate(calls[k]) if args]
+        if not spots:
+            return None
+        k, i = rng.choice(spots)
+        name, args = calls[k][i]
+        param = rng.choice(sorted(args))
+        calls[k][i] = (name, {**args, param: changed_value(args[param])})
+        return calls
+    if kind == "repeat_write":
+        spots = [(k, i) for k in turns for i, (name, _) in enumerate(calls[k]) if name in writes]
+        if not spots:
+            return None
+        k, i = rng.choice(spots)
+        calls[k].insert(i + 1, calls[k][i])
+        return calls
+    if kind == "swap_turns":
+        if len(turns) < 2:
+            return None
+        a, b = sorted(rng.sample(turns, 2))
+        calls[a], calls[b] = calls[b], calls[a]
+        return calls
+    raise ValueError(kind)
