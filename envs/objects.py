@@ -18,8 +18,10 @@ every stage sees a :class:`~envs.base.ToolEnvironment`:
   No table declares a generated key, so a diff names the exact keys (a file made under the wrong name differs);
 - snapshot / fork / at: the instances pickled in the worker; the bytes are opaque here and only ever unpickled
   there. Every environment holds its own instances (a fresh factory call, or its own unpickled copy);
-- ``mutates``: unknown until observed; every tool starts as a write and :meth:`ObjectSource.infer_mutates`
-  marks a tool read-only once it has succeeded at least once without changing the state (and never changed it).
+- ``mutates``: a first mark from one probe call per tool on a copy of seed 0 (required arguments from the state's
+  own values; a tool that needs a value the state does not offer, or fails, is a write), the same on every run;
+  :meth:`ObjectSource.infer_mutates` then marks each tool from the calls observed (a write if one ever changed
+  the state).
 """
 
 from __future__ import annotations
@@ -150,7 +152,8 @@ class ObjectSource(PluginSource):
 
     def infer_mutates(self) -> dict[str, bool]:
         """Marks each tool read-only or a write from the calls observed so far (on every environment of this
-        source); a tool never seen to succeed stays a write. Environments opened afterwards carry the new marks.
+        source): a write if a call of it ever changed the state, else read-only; a tool never seen to succeed
+        keeps its mark. Environments opened afterwards carry the new marks.
 
         Returns:
             ``{tool: mutates}`` for every tool.
@@ -164,7 +167,7 @@ class ObjectSource(PluginSource):
             for name, spec in description.specs.items():
                 seen = observed.get(name)
                 ok = isinstance(seen, list) and len(seen) == 2 and all(isinstance(n, int) for n in seen)
-                mutates = not (ok and seen[0] > 0 and seen[1] == 0)
+                mutates = seen[1] > 0 if ok and seen[0] > 0 else spec.mutates
                 specs[name] = dataclasses.replace(spec, record=dataclasses.replace(spec.record, mutates=mutates))
             self._description = dataclasses.replace(
                 description, specs=specs, validators={n: argument_validator(s.record.parameters)

@@ -273,6 +273,30 @@ def public_methods(cls):
 
 # --- the host ----------------------------------------------------------------------------------------------------------
 
+def state_values(instances, param):
+    """Values for parameter ``param`` from the state: those stored under a key named ``param`` and the keys
+    of dicts stored under ``param`` + ``s`` (``jar`` takes the keys of ``jars``), first seen first."""
+    found = {}
+
+    def walk(value, depth=0):
+        if depth > 12:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k == param and isinstance(v, (str, int)) and not isinstance(v, bool):
+                    found.setdefault(json.dumps(v), v)
+                if k in (f"{param}s", f"{param}es") and isinstance(v, dict):
+                    for key in v:
+                        found.setdefault(json.dumps(key), key)
+                walk(v, depth + 1)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v, depth + 1)
+
+    walk({label: plain(inst) for label, inst in instances.items()})
+    return list(found.values())[:200]
+
+
 def resolve(ref):
     module, _, qualname = ref.partition(":")
     try:
@@ -393,6 +417,7 @@ class Host:
                               "method": fn.__name__, "phrase": "", "answer": "auto", "order": order,
                               "owner": label})
         self.tools = owners
+        self.probe_mutations(tools)
         for t in tools:  # as envs.base.generic_phrase: the first sentence, then the required parameters
             text = re.split(r"(?<=[.!?])\s|\n", t["record"]["description"].strip(), maxsplit=1)[0].rstrip(".!? ")
             text = text[0].lower() + text[1:] if text[:1].isupper() and not text[1:2].isupper() else text
@@ -402,6 +427,34 @@ class Host:
             t["phrase"] = f"{text[:200]} ({slots})" if slots else text[:200]
         return {"name": self.config["name"], "description": self.config["description"], "tools": tools,
                 "tables": [], "keys": {}, "foreign_keys": [], "arg_sources": []}
+
+    def probe_mutations(self, tools):
+        """A first ``mutates`` for each tool, the same on every run: one call on a copy of seed 0's instances, with
+        each required argument the first value the state offers (``candidates``); a tool that needs a value the
+        state does not offer, or that fails, stays a write until calls are observed."""
+        try:
+            base = self.make(0)
+        except Failure:
+            return
+        state = digest(flatten(base))
+        for t in tools:
+            params = t["record"]["parameters"]
+            args = {}
+            for name in params.get("required", []):
+                values = state_values(base, name)
+                if not values:
+                    break
+                args[name] = values[0]
+            else:
+                label, method = self.tools[t["record"]["name"]]
+                if label not in base:
+                    continue
+                copy = pickle.loads(pickle.dumps(base))
+                try:
+                    getattr(copy[label], method)(**args)
+                except Exception:  # noqa: BLE001 - a failing probe proves nothing
+                    continue
+                t["record"]["mutates"] = digest(flatten(copy)) != state
 
     def keep(self, env):
         self.counter += 1
@@ -477,29 +530,7 @@ class Host:
         return []
 
     def candidates(self, request):
-        """Values for parameter ``param`` from the state: those stored under a key named ``param`` and the keys
-        of dicts stored under ``param`` + ``s`` (``jar`` takes the keys of ``jars``), first seen first."""
-        param = request.get("param")
-        found = {}
-
-        def walk(value, depth=0):
-            if depth > 12:
-                return
-            if isinstance(value, dict):
-                for k, v in value.items():
-                    if k == param and isinstance(v, (str, int)) and not isinstance(v, bool):
-                        found.setdefault(json.dumps(v), v)
-                    if k in (f"{param}s", f"{param}es") and isinstance(v, dict):
-                        for key in v:
-                            found.setdefault(json.dumps(key), key)
-                    walk(v, depth + 1)
-            elif isinstance(value, list):
-                for v in value:
-                    walk(v, depth + 1)
-
-        instances = self.env(request).instances
-        walk({label: plain(inst) for label, inst in instances.items()})
-        return list(found.values())[:200]
+        return state_values(self.env(request).instances, request.get("param"))
 
     def candidate_rows(self, _request):
         return []
