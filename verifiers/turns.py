@@ -61,8 +61,7 @@ def verify_by_turn(task: Task, trajectory: Trajectory, env: ToolEnvironment, *,
         if k >= len(prefixes):
             why = f"turn {k}: the conversation has only {len(prefixes)} user turns"
             return TurnVerdict(False, k, why, verdicts, structural=why)
-        start = sum(1 for m in prefixes[k] if m.get("role") == "user") and max(
-            i for i, m in enumerate(prefixes[k]) if m.get("role") == "user")
+        start = max(i for i, m in enumerate(prefixes[k]) if m.get("role") == "user")  # turn k's own messages
         if not any(m.get("role") == "assistant" and m.get("tool_calls") for m in prefixes[k][start:]):
             verdicts.append(None)
             why = f"turn {k}: no call made where the reference makes some"

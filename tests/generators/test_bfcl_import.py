@@ -114,18 +114,23 @@ def test_long_context_entries_load_the_long_state(imported):
         lc.close()
 
 
-def test_a_perturbed_candidate_fails_turn_by_turn(imported):
+def test_a_perturbed_candidate_fails_turn_by_turn_even_where_the_final_state_is_right(imported):
     source, entries = imported["multi_turn_base"]
     writes = {n for n, s in source.tools().items() if s.mutates}
+    same_final = 0
     for seed, im in enumerate(entries):
-        calls = candidate_calls("drop_each_last", im, writes, random.Random(0))
-        env = source.open(seed)
-        trajectory, _ = play(env, im.entry, [[turn] for turn in calls], "t", im.task.task_id, "drop_each_last",
-                             im.reference.tools)
-        env.close()
-        judge = source.open(seed)
-        assert not verify_by_turn(im.task, trajectory, judge, components=JUDGED).passed
-        judge.close()
+        for kind in ("drop_each_last", "swap_turns"):
+            calls = candidate_calls(kind, im, writes, random.Random(0))
+            env = source.open(seed)
+            trajectory, diffs = play(env, im.entry, [[turn] for turn in calls], "t", im.task.task_id, kind,
+                                     im.reference.tools)
+            env.close()
+            same_final += kind == "swap_turns" and diffs[-1] == im.task.expected_diff
+            judge = source.open(seed)
+            verdict = verify_by_turn(im.task, trajectory, judge, components=JUDGED)
+            judge.close()
+            assert not verdict.passed and verdict.reason.startswith(f"turn {verdict.failed_turn}:"), (kind, verdict)
+    assert same_final >= 1  # two turns swapped end in the reference's state: only the turn-by-turn check sees it
 
 
 @pytest.mark.slow
