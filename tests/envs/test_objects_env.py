@@ -198,6 +198,30 @@ def test_a_factory_that_fails_is_reported_by_name(tmp_path):
         source.close()
 
 
+def test_instances_that_cannot_be_pickled_are_refused_in_one_line(tmp_path):
+    name, root = package(tmp_path, '''
+        import threading
+
+        class Locked:
+            def __init__(self):
+                self.lock = threading.Lock()
+
+            def noop(self) -> int:
+                """Nothing."""
+                return 0
+
+        def make(seed):
+            return Locked()
+    ''')
+    source = object_source(f"{name}.things:make", search_path=[str(root)])
+    try:
+        with pytest.raises(PluginError, match=r"its instances cannot be pickled \(TypeError: cannot pickle "
+                                              r"'_thread.lock' object.*an object environment forks by pickling"):
+            source.open(0)
+    finally:
+        source.close()
+
+
 def test_tasks_sampled_on_objects_pass_their_verifier_and_reject_all_six_controls():
     pantry = object_source("pantry.kitchen:make_pantry", search_path=[str(PANTRY)])  # no mutates inferred yet
     env = pantry.open(0)
