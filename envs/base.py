@@ -566,7 +566,9 @@ def diff_states(
         updated = {}
         for key in sorted(a.keys() & b.keys()):
             if a[key] != b[key]:
-                updated[key] = {c: [b[key][c], mask(a[key][c])] for c in a[key] if a[key][c] != b[key].get(c)}
+                columns = [*a[key], *(c for c in b[key] if c not in a[key])]  # a row of objects can change shape
+                updated[key] = {c: [b[key].get(c), mask(a[key].get(c))] for c in columns
+                                if a[key].get(c) != b[key].get(c)}
         if inserted or deleted or updated:
             diff[table] = {"inserted": inserted, "deleted": deleted, "updated": updated}
     return diff

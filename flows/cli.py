@@ -119,7 +119,7 @@ def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:
 
 
 def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
-    """--catalog/--mcp/--env as environment sources, and --base-url as the endpoint of every role."""
+    """--catalog/--mcp/--env/--objects as environment sources, and --base-url as the endpoint of every role."""
     sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
     mcp_extra = {**({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {}),
                  **({"programs": args.mcp_programs} if getattr(args, "mcp_programs", None) else {}),
@@ -128,6 +128,9 @@ def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
     sources += [{"kind": "module", "ref": ref,
                  **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
                 for ref in getattr(args, "env", None) or []]
+    sources += [{"kind": "objects", "ref": ref,
+                 **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
+                for ref in getattr(args, "objects", None) or []]
     if sources:
         data["environments"] = [*data.get("environments", []), *sources]
         data.setdefault("domains", [])  # the user's own tools only, unless built-in domains are asked for too
@@ -225,20 +228,27 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
     """BFCL accuracy per category of a local policy or an endpoint's model; needs no Prefect."""
     from training.bfcl_eval import EndpointAgent, LocalAgent, bfcl_accuracy, format_table
 
-    if args.base_url and args.policy:
-        raise UsageError("give --policy or --base-url, not both")
+    if sum(map(bool, (args.base_url, args.policy, args.embedded))) > 1:
+        raise UsageError("give one of --policy, --base-url and --embedded")
     if args.base_url and not args.model:
         raise UsageError("--base-url needs --model (the model name the endpoint serves)")
     categories = args.categories.split(",") if args.categories else None
-    if args.base_url:
-        agent = EndpointAgent(base_url=args.base_url, model=args.model, max_concurrency=args.max_concurrency,
-                              **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
-    else:
-        agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
-                                                     if args.max_new_tokens else {}))
-    kwargs = {"categories": categories} if categories else {}
-    result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
-                           log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
+    with contextlib.ExitStack() as stack:
+        base_url, model = args.base_url, args.model
+        if args.embedded:
+            from generators.embedded import MODEL_NAME, EmbeddedServer
+
+            server = stack.enter_context(EmbeddedServer(n_ctx=args.n_ctx))
+            base_url, model = server.base_url, MODEL_NAME
+        if base_url:
+            agent = EndpointAgent(base_url=base_url, model=model, max_concurrency=args.max_concurrency,
+                                  **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
+        else:
+            agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
+                                                         if args.max_new_tokens else {}))
+        kwargs = {"categories": categories} if categories else {}
+        result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
+                               log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
 
@@ -559,8 +569,11 @@ def build_parser(command: str | None = None) -> _Parser:
                             "(http://127.0.0.1:3001/mcp) instead of stdio")
         p.add_argument("--env", action="append", metavar="MODULE:CLASS",
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
+        p.add_argument("--objects", action="append", metavar="MODULE:FACTORY",
+                       help="plain Python objects: package.module:factory (seed -> instances) or package.module:Class; "
+                            "public methods are the tools; runs sandboxed; repeatable")
         p.add_argument("--env-path", dest="env_path", metavar="DIR",
-                       help="folder to find --env packages in before the Python path, e.g. examples/bookshop")
+                       help="folder to find --env/--objects packages in before the Python path, e.g. examples/bookshop")
         endpoint_args(p, "every LLM role")
         p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
 
@@ -611,10 +624,16 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--base-url", dest="base_url", help="an OpenAI-compatible endpoint instead of a local policy, "
                                                        "e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", help="model name at --base-url")
+    p.add_argument("--embedded", action="store_true", help="the embedded model (Qwen2.5-Coder-0.5B under llama.cpp, "
+                                                           "started for this run) instead of a local policy")
+    p.add_argument("--n-ctx", dest="n_ctx", type=int, default=16384,
+                   help="context window of the --embedded server (multi-turn entries carry every function doc)")
     p.add_argument("--per-category", dest="per_category", type=int, default=20,
-                   help="questions per category, a seeded sample (0 = all)")
+                   help="questions (multi-turn: entries) per category, a seeded sample (0 = all)")
     p.add_argument("--categories", help="comma-separated (default: simple_python,multiple,parallel,"
-                                        "parallel_multiple,irrelevance)")
+                                        "parallel_multiple,irrelevance); BFCL v4 multi-turn: multi_turn_base, "
+                                        "multi_turn_miss_func, multi_turn_miss_param, multi_turn_long_context "
+                                        "(played in BFCL's classes and scored by BFCL's checker, in the sandbox)")
     p.add_argument("--seed", type=int, default=0, help="seeds the sample")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
                    help="longest reply (default: 256 for a local policy, 512 for an endpoint)")
@@ -754,13 +773,15 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
     from generators.llm import EndpointUnavailable, EndpointUnreachable, LLMError
     from generators.sources import SourceError
     from generators.strict import describe
+    from sandbox import SandboxUnavailable
+    from storage.external import BFCLDataError
     from training.policy import PolicyError
 
     stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
     # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
     failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
               "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
-              "bfcl": (PolicyError, ValueError, FileNotFoundError)}.get(command, ())
+              "bfcl": (PolicyError, ValueError, FileNotFoundError, SandboxUnavailable, BFCLDataError)}.get(command, ())
     # a user's --catalog/--mcp/--env that cannot be opened: the message names the source and the fix
     failed += (SourceError,) if command in ("synthesize", "serve", "loop") else ()
     name = f"synthloop {command}"

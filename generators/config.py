@@ -95,7 +95,7 @@ class VariantSeed(StrictModel):
         return self
 
 
-SourceKind = Literal["catalog", "mcp", "module"]
+SourceKind = Literal["catalog", "mcp", "module", "objects"]
 
 
 class EnvironmentSource(StrictModel):
@@ -104,16 +104,19 @@ class EnvironmentSource(StrictModel):
     ``catalog``: an OpenAPI description (3.0/3.1, JSON or YAML, multi-file) becomes a stateful REST environment;
     ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
     state; ``module``: ``package.module:Class`` or an entry-point name (group ``synthloop.environments``) of a
-    ``Domain`` written like the built-in ones. Plugins and MCP servers run inside the sandbox boundary.
+    ``Domain`` written like the built-in ones; ``objects``: ``package.module:factory`` (seed → instances) or
+    ``package.module:Class`` of plain Python objects (``envs.objects``). Plugins, object environments and MCP
+    servers run inside the sandbox boundary.
     """
 
-    kind: SourceKind = Field(description="What ref is: a catalog file, an MCP server command, or a Python domain.")
-    ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, or "
-                     "package.module:Class / an entry-point name.")
+    kind: SourceKind = Field(description="What ref is: a catalog file, an MCP server command, a Python domain, "
+                             "or a factory of plain Python objects.")
+    ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, "
+                     "package.module:Class / an entry-point name, or package.module:factory.")
     name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
                              description="Domain name the tasks carry (default: derived from ref).")
     state: str | None = Field(None, description="mcp: a folder copied as each server's initial working copy.")
-    path: str | None = Field(None, description="module: a folder to find the package in before the Python path "
+    path: str | None = Field(None, description="module, objects: a folder to find the package in before the Python path "
                              "(it is read, never imported here: the domain runs in a sandboxed worker).")
     env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
                                 "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")

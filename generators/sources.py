@@ -9,6 +9,8 @@ after it (sampler, task builder, controls, verifiers, agents, curation, training
   so it runs in-process too;
 - ``module``: a user's ``Domain`` class (``package.module:Class`` or an entry point) runs in a worker inside the
   sandbox boundary (``envs.plugin``);
+- ``objects``: a user's plain Python classes (``package.module:factory``, seed → instances) run in a worker inside
+  the sandbox boundary (``envs.objects``);
 - ``mcp``: an MCP server over stdio, one sandboxed process per environment instance (``envs.mcp``);
 - ``catalog`` of schemas only (OpenAI tools, JSON-schema / BFCL functions, an MCP listing): a model plays the
   tools (``envs.simulated``), in a run that has one; its tasks are labelled ``simulated/…``.
@@ -235,6 +237,25 @@ class ModuleSource(_GraphFromEnvironment):
         self.plugin.close()
 
 
+class ObjectsSource(ModuleSource):
+    """A user's plain Python objects (a factory of instances), run in a sandboxed worker."""
+
+    kind = "objects"
+
+    def __init__(self, source: EnvironmentSource):
+        from envs.objects import object_source
+        from envs.registry import DOMAINS
+
+        self.ref = source.ref
+        self.name = source_name(source)
+        try:
+            self.plugin = object_source(source.ref, search_path=search_path(source), name=self.name,
+                                        reserved_names=frozenset(DOMAINS))
+            self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
+        except Exception as exc:  # the code is untrusted: any failure to start it is its failure, reported
+            raise SourceError(f"objects {source.ref}: {exc}") from None
+
+
 class MCPSource(_GraphFromEnvironment):
     """An MCP server over stdio: one sandboxed process per environment, each on its own copy of the state."""
 
@@ -274,7 +295,8 @@ class MCPSource(_GraphFromEnvironment):
             close()
 
 
-_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": ModuleSource, "mcp": MCPSource}
+_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": ModuleSource, "mcp": MCPSource,
+                                   "objects": ObjectsSource}
 
 
 def source_name(source: EnvironmentSource) -> str:
@@ -325,6 +347,16 @@ def content_hash(source: EnvironmentSource) -> str:
             digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
         except FileRefused as exc:
             raise SourceError(f"module {source.ref}: {exc}") from None
+    elif source.kind == "objects":
+        from envs.objects import object_source
+        from envs.plugin import PluginError
+
+        try:
+            digest.update(object_source(source.ref, search_path=search_path(source)).content_hash.encode())
+        except FileRefused as exc:
+            raise SourceError(f"objects {source.ref}: {exc}") from None
+        except (PluginError, OSError):  # opening it reports the problem; the id still must be stable
+            digest.update(b"unresolved")
     if source.state:
         paths.append((Path(source.state), "the state folder"))
     if source.overlay:

@@ -1,5 +1,7 @@
 """BFCL-style accuracy of a policy: a local transformers model or any model behind an OpenAI-compatible
-endpoint, on the single-turn categories of ``../shared/benchmarks/bfcl``.
+endpoint, on the single-turn categories of ``../shared/benchmarks/bfcl``, and on BFCL v4's four multi-turn
+categories (``multi_turn_base``, ...: played turn by turn and scored by BFCL's own checker in the sandbox, see
+:mod:`training.bfcl_multiturn`; the pinned bfcl-eval wheel is fetched on first use).
 
 Per category a seeded, deterministic sample of questions is asked once, greedily, with the question's own
 functions as tools. The reply's calls are judged by :func:`verifiers.bfcl.match_calls` against BFCL's possible
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 import re
 import time
@@ -39,12 +42,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from schemas import SCHEMA_VERSION
-from storage.external import bfcl_file, default_bfcl_root
+from storage.external import MULTI_TURN_CATEGORIES, bfcl_file, default_bfcl_root
 from verifiers.bfcl import CATEGORIES as CALL_CATEGORIES
 from verifiers.bfcl import match_calls, read_jsonl
 
 IRRELEVANCE = "irrelevance"
 CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)
+ALL_CATEGORIES = (*CATEGORIES, *MULTI_TURN_CATEGORIES)
 # Extraction problems that are recoveries (the call was read), not unreadable calls.
 _RECOVERED = ("(repaired)", "were given as a JSON string", "non-call item")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -183,7 +187,7 @@ class EndpointAgent:
                                          sampling=sampling, tools=tools)
             except (EndpointUnavailable, LLMError) as exc:
                 raise type(exc)(f"BFCL {q.category} item {q.id}: {exc}") from exc
-            return _read_reply({"role": "assistant", "content": done.content, "tool_calls": done.tool_calls},
+            return read_reply({"role": "assistant", "content": done.content, "tool_calls": done.tool_calls},
                                names)
 
         async def ask_all() -> list[Reply]:
@@ -219,7 +223,7 @@ def endpoint_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], d
     return out, back
 
 
-def _read_reply(message: dict[str, Any], names: dict[str, str]) -> Reply:
+def read_reply(message: dict[str, Any], names: dict[str, str]) -> Reply:
     from generators.extraction import extract_tool_calls
 
     extraction = extract_tool_calls(message)
@@ -272,6 +276,15 @@ def judge(question: Question, reply: Reply) -> tuple[bool, str]:
 
 # --- the measurement ---------------------------------------------------------------------------------------------
 
+def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """The 95% Wilson score interval of a proportion (0, 0 for no items)."""
+    if n == 0:
+        return 0.0, 0.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
 
 def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequence[str] = CATEGORIES,
                   per_category: int | None = 20, seed: int = 0,
@@ -282,16 +295,17 @@ def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequ
         agent: A :class:`LocalAgent` or :class:`EndpointAgent` (anything with ``label``, ``kind``, ``version``
             and ``reply``).
         root: The BFCL folder (default ``../shared/benchmarks/bfcl``).
-        categories: Which of :data:`CATEGORIES`.
-        per_category: Questions per category, a seeded sample; ``None`` or 0 = all.
+        categories: Which of :data:`ALL_CATEGORIES` (single-turn and multi-turn alike).
+        per_category: Questions (entries) per category, a seeded sample; ``None`` or 0 = all.
         seed: Seeds the sample (the same seed asks the same questions of every agent).
         log: Called with one line per finished category.
 
     Returns:
         ``agent`` (label, kind, version), ``bfcl`` (the files' version, e.g. ``"BFCL_v4"``), ``seed``,
         ``per_category``, ``eval_key`` (a digest of the agent's version and the questions asked),
-        ``categories`` (per category: ``items``, ``correct``, ``accuracy``, ``malformed`` = replies with an
-        unreadable call, ``seconds_per_item``), ``overall`` (``items``, ``correct``, ``malformed`` summed;
+        ``categories`` (per category: ``items``, ``correct``, ``accuracy``, ``ci95`` = its 95% Wilson interval,
+        ``malformed`` = replies (entries) with an unreadable call, ``seconds_per_item``; multi-turn ones also
+        ``errors``, BFCL's error types counted), ``overall`` (``items``, ``correct``, ``malformed`` summed;
         ``accuracy`` = the mean of the categories' accuracies, as BFCL averages), ``per_item`` (id,
         category, correct, reason, calls, malformed), ``usage`` (an endpoint's requests, retries, tokens),
         ``seconds``.
@@ -302,14 +316,24 @@ def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequ
     """
     root = Path(root) if root is not None else default_bfcl_root()
     per_category = per_category or None  # 0 and None both mean every question
-    unknown = [c for c in categories if c not in CATEGORIES]
+    unknown = [c for c in categories if c not in ALL_CATEGORIES]
     if unknown:
-        raise ValueError(f"BFCL categories {unknown} are not among {', '.join(CATEGORIES)}")
+        raise ValueError(f"BFCL categories {unknown} are not among {', '.join(ALL_CATEGORIES)}")
     start = time.perf_counter()
     per_category_out: dict[str, dict[str, Any]] = {}
     per_item: list[dict[str, Any]] = []
     asked: list[str] = []
-    for category in categories:
+    multi = [c for c in categories if c in MULTI_TURN_CATEGORIES]
+    if multi:
+        from training.bfcl_multiturn import multi_turn_accuracy
+
+        played = multi_turn_accuracy(agent, multi, per_category=per_category, seed=seed, log=log)
+        for category, c in played.items():
+            items = c.pop("per_item")
+            per_item += items
+            asked += [i["id"] for i in items]
+            per_category_out[category] = c
+    for category in (c for c in categories if c not in MULTI_TURN_CATEGORIES):
         questions = load_questions(root, category, per_category, seed)
         t0 = time.perf_counter()
         replies = agent.reply(questions)
@@ -323,14 +347,19 @@ def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequ
             per_item.append({"id": q.id, "category": category, "correct": ok, "reason": reason,
                              "calls": r.calls, "malformed": r.malformed})
         n = len(questions)
+        low, high = wilson(correct, n)
         per_category_out[category] = {"items": n, "correct": correct, "accuracy": round(correct / n, 4) if n else 0.0,
+                                      "ci95": [round(low, 4), round(high, 4)],
                                       "malformed": malformed, "seconds_per_item": round(seconds / max(n, 1), 3)}
         if log:
             c = per_category_out[category]
             log(f"bfcl {category}: {c['correct']}/{n} correct, {malformed} malformed, "
                 f"{c['seconds_per_item']} s/item")
+    per_category_out = {c: per_category_out[c] for c in categories}  # in the order asked
     accuracies = [c["accuracy"] for c in per_category_out.values()]
-    version = re.match(r"(BFCL_v\d+)_", bfcl_file(root, categories[0]).name) if categories else None
+    # the multi-turn files are the wheel's BFCL_v4_multi_turn_*.json
+    version = re.match(r"(BFCL_v\d+)_", bfcl_file(root, categories[0]).name if categories[0] in CATEGORIES
+                       else f"BFCL_v4_{categories[0]}.json") if categories else None
     key = hashlib.sha256(json.dumps([agent.kind, agent.version, asked]).encode()).hexdigest()[:16]
     return {
         "agent": {"label": agent.label, "kind": agent.kind, "version": agent.version},
@@ -377,12 +406,13 @@ def format_table(result: dict[str, Any]) -> str:
     agent = result["agent"]
     lines = [f"BFCL accuracy of {agent['label']} ({agent['kind']}, {agent['version']}), {result['bfcl']}, "
              f"{result['per_category'] or 'every question'} per category, seed {result['seed']}",
-             f"{'category':<20}{'items':>7}{'correct':>9}{'accuracy':>10}{'malformed':>11}{'s/item':>9}"]
+             f"{'category':<24}{'items':>7}{'correct':>9}{'accuracy':>10}{'95% CI':>14}{'malformed':>11}{'s/item':>9}"]
     for category, c in result["categories"].items():
-        lines.append(f"{category:<20}{c['items']:>7}{c['correct']:>9}{c['accuracy']:>10.3f}{c['malformed']:>11}"
-                     f"{c['seconds_per_item']:>9.2f}")
+        low, high = c.get("ci95") or wilson(c["correct"], c["items"])
+        lines.append(f"{category:<24}{c['items']:>7}{c['correct']:>9}{c['accuracy']:>10.3f}"
+                     f"{f'{low:.2f}-{high:.2f}':>14}{c['malformed']:>11}{c['seconds_per_item']:>9.2f}")
     o = result["overall"]
-    lines.append(f"{'overall (mean)':<20}{o['items']:>7}{o['correct']:>9}{o['accuracy']:>10.3f}{o['malformed']:>11}"
-                 f"{'':>9}")
+    lines.append(f"{'overall (mean)':<24}{o['items']:>7}{o['correct']:>9}{o['accuracy']:>10.3f}{'':>14}"
+                 f"{o['malformed']:>11}{'':>9}")
     lines.append(f"wall time {result['seconds']:.1f} s")
     return "\n".join(lines)

@@ -30,8 +30,12 @@ class BfclSettings(StrictModel):
     evaluation: the same questions for every policy, so the stages compare."""
 
     categories: list[str] = Field(default_factory=lambda: ["simple_python", "multiple", "parallel", "irrelevance"],
-                                  description="BFCL categories asked (training.bfcl_eval.CATEGORIES).")
-    per_category: int = Field(5, ge=1, le=2000, description="Questions per category, a seeded sample.")
+                                  description="BFCL categories asked (training.bfcl_eval.ALL_CATEGORIES: the single-"
+                                              "turn ones, and multi_turn_base, multi_turn_miss_func, "
+                                              "multi_turn_miss_param, multi_turn_long_context, played in "
+                                              "BFCL's classes and scored by BFCL's checker in the sandbox).")
+    per_category: int = Field(5, ge=1, le=2000, description="Questions (multi-turn: entries) per category, a seeded "
+                                                            "sample.")
     seed: int = Field(0, description="Seeds the sample: the same seed asks every policy the same questions.")
     max_new_tokens: int = Field(256, ge=16, le=2048)
 

@@ -132,7 +132,7 @@ def test_the_prefect_form_shows_sources_as_typed_fields():
     assert schema["definitions"]["SynthesizeConfig"]["properties"]["environments"]["items"] == {
         "$ref": "#/definitions/EnvironmentSource"}
     fields = schema["definitions"]["EnvironmentSource"]["properties"]
-    assert fields["kind"]["enum"] == ["catalog", "mcp", "module"]
+    assert fields["kind"]["enum"] == ["catalog", "mcp", "module", "objects"]
     assert all(fields[f].get("description") for f in ("kind", "ref", "name", "state", "overlay"))
 
 

@@ -110,7 +110,7 @@ def test_a_reply_with_an_unreadable_call_is_malformed_and_wrong(silent):
 
     for category in ("simple_python", IRRELEVANCE):  # on irrelevance too: it tried to call
         assert result["categories"][category] | {"seconds_per_item": 0} == {
-            "items": 1, "correct": 0, "accuracy": 0.0, "malformed": 1, "seconds_per_item": 0}
+            "items": 1, "correct": 0, "accuracy": 0.0, "ci95": [0.0, 0.7935], "malformed": 1, "seconds_per_item": 0}
     assert all(i["reason"].startswith("malformed call") for i in result["per_item"])
 
 
