@@ -58,14 +58,20 @@ def openai_tool(doc: dict[str, Any]) -> dict[str, Any]:
     return tool.openai()
 
 
+@functools.lru_cache(maxsize=32)
+def class_tools(class_name: str, root: str) -> tuple[tuple[str, str], ...]:
+    """A class's function docs as OpenAI tools, ``(name, tool as JSON)`` in BFCL's order (converted once)."""
+    return tuple((d["name"], json.dumps(openai_tool(d))) for d in bfcl_function_docs(class_name, Path(root)))
+
+
 def entry_tools(entry: dict[str, Any], root: Path) -> tuple[list[dict[str, Any]], dict[int, list[dict[str, Any]]]]:
     """The tools offered from the first turn, and per turn the tools added then (``missed_function``)."""
-    docs = [d for c in entry["involved_classes"] for d in bfcl_function_docs(c, root)]
+    docs = [(name, tool) for c in entry["involved_classes"] for name, tool in class_tools(c, str(root))]
     excluded = set(entry.get("excluded_function") or [])
     missed = {int(t): set(names) for t, names in (entry.get("missed_function") or {}).items()}
     held = set().union(*missed.values()) if missed else set()
-    first = [openai_tool(d) for d in docs if d["name"] not in excluded | held]
-    later = {t: [openai_tool(d) for d in docs if d["name"] in names and d["name"] not in excluded]
+    first = [json.loads(tool) for name, tool in docs if name not in excluded | held]
+    later = {t: [json.loads(tool) for name, tool in docs if name in names and name not in excluded]
              for t, names in missed.items()}
     return first, later
 
