@@ -1,0 +1,404 @@
+"""The extension seams, checked: an extension registered in one place and forgotten in another fails here.
+
+Until issue 24's registries exist, adding a source kind, a catalog format, a negative-control kind, a stage or
+an export means editing several lists and if-chains (``docs/extending.md`` maps them). Each test below runs
+over the real lists and the real code behind them (no doubles) and names the list it found out of step.
+
+Specified here:
+* source kinds: every ``SourceKind`` value is opened by ``open_source`` (a missing ref is a ``SourceError``
+  naming it, never a ``KeyError``), has a ``Source`` class of that kind, is hashed by its content (an edit
+  makes a new run id), is produced by a ``synthesize`` command-line flag, and is documented;
+* catalog formats: the ``Format`` literal, ``FORMATS`` and ``catalog inspect --format`` list the same formats;
+  a file of each format is detected as it, imports at least one tool, and opens as an executable environment
+  (OpenAPI) or a simulated one (every other format);
+* control kinds: ``make_controls`` produces every kind ``CONTROL_KINDS`` declares and no other; each kind, as a
+  ``Fault`` of the oracle, departs from the reference and is rejected on outcome; ``accept`` requires only
+  declared kinds; a kind is no role other stages write;
+* stages: every stage repair orders (``STAGE_ORDER``) has a flow ``flows.<name>.<name>`` taking its config
+  model, a CLI command, a deployment, and a ``Stage`` class (where it has one) with the same config; repair can
+  redo a run of it;
+* exports: ``export``'s formats are ``trl``, ``verl`` and exactly the named selections;
+* failure labels: the ``Weakness`` literal and ``WEAKNESSES`` agree;
+* the guide: each axis's heading in ``docs/extending.md`` lists exactly the names the code registers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import json
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+from envs import DOMAINS, Environment
+from flows.cli import CONFIG_COMMANDS, build_parser, config_model, load_config
+from flows.repair import repair
+from flows.serve import FLOWS, deployment_specs
+from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.catalog import FORMATS, Format, import_catalog
+from generators.config import WEAKNESSES, EnvironmentSource, SourceKind, Weakness
+from generators.sources import Source, SourceError, content_hash, open_source
+from generators.tasks import sample_tasks
+from schemas import CheckResult, Verdict
+from stages.contract import Stage
+from storage import Corpus
+from storage.integrity import STAGE_ORDER
+from storage.selections import SELECTIONS
+from storage.sql import split_view
+from verifiers.checks import verify
+from verifiers.controls import CONTROL_KINDS, accept, make_controls
+
+ROOT = Path(__file__).resolve().parents[1]
+GUIDE = ROOT / "docs" / "extending.md"
+KINDS = typing.get_args(SourceKind)
+
+
+def subclasses(cls: type) -> list[type]:
+    found, todo = [], [cls]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found.append(sub)
+            todo.append(sub)
+    return found
+
+
+def help_choices(argv: list[str], option: str | None = None) -> list[str]:
+    """The ``{a,b,c}`` choices ``synthloop ARGV --help`` shows for ``option`` (or for the first positional)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    pattern = (re.escape(option) + r" \{([^}]*)\}") if option else r"\{([^}]*)\}"
+    found = re.search(pattern, out.getvalue())
+    assert found, f"no choices{' of ' + option if option else ''} in: {out.getvalue()}"
+    return found.group(1).split(",")
+
+
+# --- source kinds -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_open_source_dispatches_every_kind_and_names_a_ref_it_cannot_open(kind, tmp_path):
+    missing = {"catalog": str(tmp_path / "missing.yaml"), "mcp": "no-such-mcp-server-4711 --db x",
+               "module": "no_such_pkg_4711.domain:Shop", "objects": "no_such_pkg_4711.env:make"}.get(
+        kind, "no_such_thing_4711")
+    with pytest.raises(SourceError) as err:  # a KeyError here: the kind has no entry in open_source's table
+        open_source(EnvironmentSource(kind=kind, ref=missing, path=str(tmp_path)))
+    assert str(err.value).startswith(kind) and missing in str(err.value), err.value
+
+
+def test_every_kind_has_one_source_class_of_that_kind():
+    by_kind: dict[str, list[str]] = {}
+    for cls in subclasses(Source):
+        if not inspect.isabstract(cls) and isinstance(cls.__dict__.get("kind"), str):
+            by_kind.setdefault(cls.kind, []).append(cls.__name__)
+    missing = [k for k in KINDS if k not in by_kind]
+    assert not missing, f"SourceKind values without a Source class in generators.sources: {missing}"
+    # catalog has two: an OpenAPI description runs, any other format is played by a model
+    assert sorted(by_kind) == sorted({*KINDS, "builtin"}), by_kind
+
+
+def _package(root: Path, module: str, body: str) -> Path:
+    pkg = root / module.split(".")[0]
+    pkg.mkdir(parents=True, exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    path = pkg / (module.split(".")[1] + ".py")
+    path.write_text(body)
+    return path
+
+
+def _catalog_case(tmp: Path) -> tuple[EnvironmentSource, Path, str]:
+    path = tmp / "tools.json"
+    path.write_text(json.dumps(SAMPLES["jsonschema"][1]))
+    return EnvironmentSource(kind="catalog", ref=str(path)), path, path.read_text().replace("Look", "Find")
+
+
+def _mcp_case(tmp: Path) -> tuple[EnvironmentSource, Path, str]:
+    (tmp / "state").mkdir()
+    path = tmp / "state" / "notes.json"
+    path.write_text('{"a": 1}')
+    return EnvironmentSource(kind="mcp", ref="some-mcp-server --dir {workdir}", state=str(tmp / "state")), path, \
+        '{"a": 2}'
+
+
+def _module_case(tmp: Path) -> tuple[EnvironmentSource, Path, str]:
+    path = _package(tmp, "shop4711.domain", "class Shop:\n    name = 'shop'\n")
+    return EnvironmentSource(kind="module", ref="shop4711.domain:Shop", path=str(tmp)), path, \
+        "class Shop:\n    name = 'shop2'\n"
+
+
+def _objects_case(tmp: Path) -> tuple[EnvironmentSource, Path, str]:
+    path = _package(tmp, "things4711.env", "class Counter:\n    n = 0\n\ndef make(seed):\n    return Counter()\n")
+    return EnvironmentSource(kind="objects", ref="things4711.env:make", path=str(tmp)), path, \
+        path.read_text().replace("n = 0", "n = 1")
+
+
+# One case per kind: a source whose content is on disk, the file to edit and its edited text. A kind without a
+# case fails below.
+CONTENT_CASES = {"catalog": _catalog_case, "mcp": _mcp_case, "module": _module_case, "objects": _objects_case}
+
+
+def test_every_kind_has_a_content_case():
+    assert sorted(CONTENT_CASES) == sorted(KINDS), "add a case for the new kind: what of it is content, on disk"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_editing_a_source_s_content_changes_its_hash(kind, tmp_path):
+    """``content_hash`` (an if-chain on the kind) must read the kind's content: otherwise an edited source
+    resumes the old run and mixes batches of two different environments."""
+    source, path, edited = CONTENT_CASES[kind](tmp_path)
+    before = content_hash(source)
+    assert content_hash(source) == before  # the same content, the same run (resume)
+    assert edited != path.read_text()
+    path.write_text(edited)
+    assert content_hash(source) != before, f"{kind}: editing {path.name} left content_hash unchanged"
+
+
+def _kinds_from_flag(option: str, value: str) -> list[str] | None:
+    """The environment kinds ``synthesize OPTION VALUE`` gives, or None where the option does not take it."""
+    argv = ["synthesize", option, value]
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            args, extra = build_parser("synthesize").parse_known_args(argv)
+            if extra:
+                return None
+            config = load_config(args)
+        except (SystemExit, Exception):  # noqa: BLE001 - an option that refuses this value gives no source
+            return None
+    return [s.kind for s in config.environments]
+
+
+def test_every_kind_has_a_synthesize_flag_and_every_source_flag_a_kind():
+    synthesize = build_parser("synthesize").commands["synthesize"]
+    produced: dict[str, list[str]] = {}
+    for option in synthesize.option_names:
+        if option.startswith("--") and option not in ("--help", "--config", "--set"):
+            kinds = _kinds_from_flag(option, "pkg4711.mod:make")
+            if kinds:
+                produced[option] = kinds
+    assert sorted({k for ks in produced.values() for k in ks}) == sorted(KINDS), \
+        f"synthesize flags give {produced}; every SourceKind needs one (flows/cli.py: synthesize_args and " \
+        "synthesize_sources)"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_is_documented(kind):
+    docs = (ROOT / "docs" / "sources.md").read_text() + (ROOT / "docs" / "objects.md").read_text()
+    assert f"`{kind}`" in docs or f"`--{kind}`" in docs, f"docs/sources.md or docs/objects.md says nothing of {kind}"
+
+
+# --- catalog formats --------------------------------------------------------------------------------------------
+
+_PARAMS = {"type": "object", "properties": {"pet_id": {"type": "string", "description": "Look up this pet"}},
+           "required": ["pet_id"]}
+_PET = {"type": "object", "required": ["id", "name"],
+        "properties": {"id": {"type": "string"}, "name": {"type": "string", "example": "Rex"}}}
+_OPENAPI = {
+    "openapi": "3.0.3", "info": {"title": "Pets", "version": "1"},
+    "paths": {
+        "/pets": {
+            "get": {"operationId": "listPets", "responses": {"200": {"description": "Look", "content": {
+                "application/json": {"schema": {"type": "array", "items": {"$ref": "#/components/schemas/Pet"}}}}}}},
+            "post": {"operationId": "createPet", "requestBody": {"required": True, "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Pet"}}}},
+                "responses": {"201": {"description": "made", "content": {"application/json": {
+                    "schema": {"$ref": "#/components/schemas/Pet"}}}}}}},
+        "/pets/{petId}": {
+            "get": {"operationId": "getPet", "parameters": [{"name": "petId", "in": "path", "required": True,
+                                                             "schema": {"type": "string"}}],
+                    "responses": {"200": {"description": "one", "content": {"application/json": {
+                        "schema": {"$ref": "#/components/schemas/Pet"}}}}}}}},
+    "components": {"schemas": {"Pet": _PET}},
+}
+# One file per format (name, content); a format without a sample fails below.
+SAMPLES: dict[str, tuple[str, typing.Any]] = {
+    "openai": ("tools.json", [{"type": "function", "function": {"name": "get_pet", "description": "Look up a pet",
+                                                               "parameters": _PARAMS}}]),
+    "jsonschema": ("functions.json", [{"name": "get_pet", "description": "Look up a pet", "parameters": _PARAMS}]),
+    "bfcl": ("BFCL_v4_simple_python.json", [{"id": "simple_python_0", "question": [[{"role": "user", "content": "x"}]],
+                                             "function": [{"name": "get_pet", "description": "Look up a pet",
+                                                           "parameters": {**_PARAMS, "type": "dict"}}]}]),
+    "mcp": ("listing.json", {"tools": [{"name": "get_pet", "description": "Look up a pet", "inputSchema": _PARAMS}]}),
+    "openapi": ("openapi.json", _OPENAPI),
+}
+DETECTED = [f for f in FORMATS if f != "auto"]
+
+
+def _sample(fmt: str, tmp: Path) -> Path:
+    name, content = SAMPLES[fmt]
+    path = tmp / name
+    if fmt == "bfcl":  # BFCL's files are JSON lines
+        path.write_text("\n".join(json.dumps(r) for r in content) + "\n")
+    else:
+        path.write_text(json.dumps(content))
+    return path
+
+
+def test_the_three_format_lists_agree():
+    assert list(typing.get_args(Format)) == list(FORMATS), "generators/catalog.py: Format and FORMATS differ"
+    assert help_choices(["catalog", "inspect"], "--format") == list(FORMATS), \
+        "flows/cli.py: `catalog inspect --format` choices differ from generators.catalog.FORMATS"
+
+
+def test_every_format_has_a_sample():
+    assert sorted(SAMPLES) == sorted(DETECTED)
+
+
+@pytest.mark.parametrize("fmt", DETECTED)
+def test_every_format_is_detected_and_imports_a_tool(fmt, tmp_path):
+    path = _sample(fmt, tmp_path)
+    detected = import_catalog(path)
+    assert detected.format == fmt and detected.tools, (detected.format, detected.skipped)
+    named = import_catalog(path, format=fmt)
+    assert [t.name for t in named.tools] == [t.name for t in detected.tools]
+
+
+@pytest.mark.parametrize("fmt", DETECTED)
+def test_only_openapi_opens_as_an_executable_environment(fmt, tmp_path):
+    """open_source routes on the format: OpenAPI runs as a REST domain, every other format is played by a model
+    (a new executable format must change that routing, and this expectation)."""
+    source = open_source(EnvironmentSource(kind="catalog", ref=str(_sample(fmt, tmp_path))), play=None)
+    try:
+        assert source.kind == "catalog" and source.simulated == (fmt != "openapi")
+        assert source.specs, fmt
+    finally:
+        source.close()
+
+
+# --- negative-control kinds -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def controlled() -> list[tuple[Environment, object, object, list[dict]]]:
+    """(initial env, task, reference trajectory, control specs) for sampled tasks of every built-in domain."""
+    out = []
+    for name in sorted(DOMAINS):
+        env = Environment(DOMAINS[name], 0)
+        for task, rng in sample_tasks(env, 6, seed=11, run_id="contracts"):
+            final = env.fork()
+            reference = run_episode(task, ScriptedUser(task), OracleAssistant(task), final, role="reference",
+                                    trajectory_id="r")
+            out.append((env, task, reference, make_controls(task, env, final, rng)))
+    return out
+
+
+def test_make_controls_produces_exactly_the_declared_kinds(controlled):
+    produced = {spec["kind"] for *_, specs in controlled for spec in specs}
+    declared = set(CONTROL_KINDS)
+    assert produced == declared, f"declared, never made: {declared - produced}; made, undeclared: {produced - declared}"
+
+
+def test_every_control_kind_departs_from_the_reference_and_is_rejected_on_outcome(controlled):
+    """A kind the oracle does not implement (``OracleAssistant.act``'s if-chain on ``fault.kind``) plays the
+    reference unchanged: the verifier would then accept the control and every task would be rejected."""
+    rejected = dict.fromkeys(CONTROL_KINDS, 0)
+    for env, task, reference, specs in controlled:
+        for spec in specs:
+            fault = Fault(**spec)
+            control = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
+                                  role=fault.kind, trajectory_id=f"c-{fault.kind}")
+            assert control.messages != reference.messages, f"{fault.kind}: the faulty oracle played the reference"
+            rejected[fault.kind] += not verify(task, control, env, expected_pass=False).outcome_passed
+    assert all(rejected.values()), f"control kinds never rejected on outcome: {rejected}"
+
+
+def _verdict(control: str, passed: bool) -> Verdict:
+    names = ["format", "schema", "execution", "state_diff", "answer", "constraints"]
+    components = [CheckResult(n, passed or n != "answer", 1.0 if passed or n != "answer" else 0.0) for n in names]
+    return Verdict(f"{control}/v", control, "t", "r", 0, control, control == "reference", passed, components)
+
+
+def test_accept_requires_only_declared_control_kinds():
+    """``accept`` names its required kinds in a literal of its own: a renamed kind leaves every task unaccepted."""
+    controls = [_verdict(k, False) for k in CONTROL_KINDS]
+    assert accept(_verdict("reference", True), controls) == (True, None)
+
+
+def test_control_kinds_are_no_role_other_stages_write():
+    # the roles synthesize, curate, train and the rollouts give their trajectories (views select by role)
+    others = {"reference", "rollout", "no_tool", "minimal", "probe", "grpo", "eval"}
+    assert not set(CONTROL_KINDS) & others
+
+
+# --- stages -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", STAGE_ORDER)
+def test_every_stage_has_a_flow_taking_its_config_model(stage):
+    flow = getattr(importlib.import_module(f"flows.{stage}"), stage)
+    config = inspect.signature(flow.fn).parameters["config"]
+    assert isinstance(config.default, config_model(stage)), (stage, config.default, config_model(stage))
+
+
+@pytest.mark.parametrize("stage", STAGE_ORDER)
+def test_every_stage_has_a_cli_command_and_a_deployment(stage, tmp_path):
+    assert stage in CONFIG_COMMANDS, "flows/cli.py: CONFIG_COMMANDS"
+    args, extra = build_parser(stage).parse_known_args([stage, "--corpus", str(tmp_path)])
+    assert not extra and args.command == stage
+    assert isinstance(load_config(args), config_model(stage))
+    assert FLOWS[stage].name == stage, "flows/serve.py: FLOWS"
+    specs = {s.flow: s for s in deployment_specs(str(tmp_path))}
+    assert set(specs) == set(FLOWS), "flows/serve.py: deployment_specs and FLOWS differ"
+    config_model(stage).model_validate(specs[stage].parameters["config"])
+
+
+def test_the_stage_lists_agree():
+    assert set(FLOWS) == set(STAGE_ORDER), "flows/serve.py FLOWS vs storage/integrity.py STAGE_ORDER"
+    assert set(CONFIG_COMMANDS) - {"serve"} == set(STAGE_ORDER), "flows/cli.py CONFIG_COMMANDS vs STAGE_ORDER"
+
+
+def test_every_stage_class_declares_its_config():
+    stages = {cls.name: cls for cls in subclasses(Stage) if cls.__module__.startswith("stages.")}
+    assert {"synthesize", "curate", "train", "select"} <= set(stages)
+    for name, cls in stages.items():
+        assert isinstance(getattr(cls, "Config", None), type), f"{cls.__name__} has no Config"
+        if name in STAGE_ORDER:
+            assert cls.Config is config_model(name), (name, cls.Config, config_model(name))
+
+
+@pytest.mark.parametrize("stage", STAGE_ORDER)
+def test_repair_can_redo_a_run_of_every_stage(stage, tmp_path):
+    """``repair`` reruns a damaged run through an if-chain on the manifest's stage; a stage it does not know
+    is reported as "names no stage". Here the run id is not the config's, so repair stops before running."""
+    corpus = Corpus(tmp_path)
+    corpus.write_manifest("r0", {"run_id": "r0", "stage": stage, "status": "incomplete", "config": {}})
+    outcome = repair(tmp_path)
+    assert list(outcome.failed) == ["r0"], outcome.lines()
+    assert outcome.failed["r0"].startswith("its config now gives run id"), outcome.failed["r0"]
+
+
+# --- exports ----------------------------------------------------------------------------------------------------
+
+
+def test_export_offers_trl_verl_and_every_selection():
+    offered = help_choices(["export"])
+    assert sorted(offered) == sorted({"trl", "verl", *SELECTIONS}), \
+        "flows/cli.py: `export` choices vs storage.selections.SELECTIONS"
+    for name in offered:
+        if name not in ("trl", "verl"):
+            split_view(name)  # raises for a name no selection implements
+
+
+# --- failure labels ---------------------------------------------------------------------------------------------
+
+
+def test_the_weakness_literal_and_list_agree():
+    assert list(typing.get_args(Weakness)) == list(WEAKNESSES), "generators/config.py: Weakness vs WEAKNESSES"
+
+
+# --- the guide --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("heading, names", [
+    ("Source kinds", KINDS), ("Catalog formats", DETECTED), ("Negative-control kinds", CONTROL_KINDS),
+    ("Stages", STAGE_ORDER), ("Exports", ("trl", "verl", *SELECTIONS)),
+], ids=["source kinds", "catalog formats", "control kinds", "stages", "exports"])
+def test_the_guide_lists_exactly_the_registered_names(heading, names):
+    """Each axis's heading in docs/extending.md lists its names (``## Stages: `synthesize`, ...``)."""
+    line = next((x for x in GUIDE.read_text().splitlines() if x.startswith(f"## {heading}: ")), None)
+    assert line is not None, f"docs/extending.md has no heading '## {heading}: ...'"
+    assert sorted(re.findall(r"`([^`]+)`", line)) == sorted(names), f"docs/extending.md: {line!r} vs {sorted(names)}"
