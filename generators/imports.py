@@ -26,13 +26,12 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import os
 import re
 import stat
 import threading
 from collections import Counter, OrderedDict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,7 @@ memory), ``built`` / ``built_hits`` (domain and graph made / reused), ``file_hit
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
 _HEX = re.compile(r"[0-9a-f]{16,64}")
+_SIGNED = re.compile(r"([0-9a-f]{16}) ([0-9a-f]{64})")
 
 
 # --- whether an import is current --------------------------------------------------------------------------------
@@ -219,72 +219,22 @@ def graph_rows(graph: ToolGraph) -> list[list[Any]]:
             for u, v, data in graph.graph.edges(data=True)]
 
 
-def graph_from_rows(tools: list[Tool], rows: Any) -> ToolGraph:
+def graph_from_rows(tools: list[Tool], rows: list[list[Any]]) -> ToolGraph:
     """The graph :func:`graph_rows` wrote, over ``tools`` (nodes in their order, as ``ToolGraph.build`` adds them).
 
     Raises:
-        CacheRefused: an edge names an unknown tool or itself, or a binding is not one the graph makes.
+        CacheRefused: an edge names a tool the source does not have.
     """
     by_name = {t.name: t for t in tools}
     g = nx.DiGraph()
     for t in by_name.values():
         g.add_node(t.name, mutates=bool(t.mutates))
-    if not isinstance(rows, list):
-        raise CacheRefused("graph: not a list of edges")
-    for i, row in enumerate(rows):
-        if not (isinstance(row, list) and len(row) == 3 and row[0] in by_name and row[1] in by_name
-                and row[0] != row[1] and isinstance(row[2], list) and row[2]):
-            raise CacheRefused(f"graph[{i}]: not [source tool, another tool, bindings] of this source's tools")
-        if g.has_edge(row[0], row[1]):
-            raise CacheRefused(f"graph[{i}]: the edge {row[0]} -> {row[1]} is listed twice")
-        g.add_edge(row[0], row[1], bindings=[_binding(b, f"graph[{i}]") for b in row[2]])
+    for u, v, bindings in rows:
+        if u not in by_name or v not in by_name:
+            raise CacheRefused(f"graph: the edge {u!r} -> {v!r} names a tool this source does not have")
+        g.add_edge(u, v, bindings=[{**b, "path": tuple(b["path"])} for b in bindings])
     domain = next(iter(by_name.values())).domain if by_name else ""
     return ToolGraph(domain, by_name, g)
-
-
-def _binding(b: Any, where: str) -> dict[str, Any]:
-    """A binding as ``ToolGraph.build`` makes it: ``path`` (a tuple of field names), ``param``, ``kind``, ``score``
-    and whatever else the graph's rules put there (JSON values; ``RunImports.store`` writes a file only when
-    reading it back gives the very graph it was made from)."""
-    if not isinstance(b, dict):
-        raise CacheRefused(f"{where}: a binding is not an object")
-    path, param, kind, score = b.get("path"), b.get("param"), b.get("kind"), b.get("score")
-    if not (isinstance(path, list) and all(isinstance(p, str) for p in path) and isinstance(param, str)
-            and isinstance(kind, str) and isinstance(score, int | float) and not isinstance(score, bool)
-            and math.isfinite(score)):
-        raise CacheRefused(f"{where}: a binding's path, param, kind or score has the wrong type")
-    return {**b, "path": tuple(path)}
-
-
-_TOOL_TYPES: dict[str, Any] = {"name": str, "description": str, "parameters": dict, "domain": str,
-                               "returns": dict | None, "source": str, "implementation": str | None,
-                               "mutates": bool | None, "origin": dict | None}
-
-
-def _tool(row: Any, where: str) -> Tool:
-    names = [f.name for f in fields(Tool)]
-    if not isinstance(row, dict) or set(row) != set(names):
-        raise CacheRefused(f"{where}: not a tool row with exactly {', '.join(names)}")
-    for k, t in _TOOL_TYPES.items():
-        if k in row and not isinstance(row[k], t):
-            raise CacheRefused(f"{where}.{k}: wrong type ({type(row[k]).__name__})")
-    return Tool(**row)
-
-
-def _strings(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise CacheRefused(f"{where}: not a list of strings")
-    return value
-
-
-def _string_map(value: Any, where: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise CacheRefused(f"{where}: not an object of strings")
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise CacheRefused(f"{name} is not a JSON number")
 
 
 def import_to_json(imported: CatalogImport, unread: dict[str, str]) -> dict[str, Any]:
@@ -295,51 +245,29 @@ def import_to_json(imported: CatalogImport, unread: dict[str, str]) -> dict[str,
             "named": dict(imported.named)}
 
 
-def import_from_json(data: Any, given: str) -> tuple[CatalogImport, dict[str, str]]:
-    """The import a cache file holds, checked: the files it read and could not read lie under the folder of the file
-    the catalog as given (``given``: absolute, normalised) resolved to, and its content hash is the one those files'
-    digests make. (The paths are only resolved, hashed and looked at, never trusted for content.)
+def import_from_json(data: dict[str, Any], given: str) -> tuple[CatalogImport, dict[str, str]]:
+    """The import a cache file holds, and the states of the files it did not read (see :func:`states`).
+
+    Only a file this command signed gets here (``RunImports.load``), so its fields are the ones
+    :func:`import_to_json` wrote; what is checked is what ties it to the run: the catalog as given (``given``:
+    absolute, normalised) is among the files it read, and its content hash is the one their digests make (the
+    hash the run's id was made from; whether the files still have those digests is :func:`current`'s to say).
 
     Raises:
-        CacheRefused: naming the field.
+        CacheRefused: naming the field; KeyError, TypeError: a field missing or of the wrong kind.
     """
-    if not isinstance(data, dict):
-        raise CacheRefused("catalog: not an object")
-    tools = data.get("tools")
-    if not isinstance(tools, list):
-        raise CacheRefused("catalog.tools: not a list")
-    skipped = data.get("skipped")
-    if not (isinstance(skipped, list) and all(isinstance(s, list) and len(s) == 2 and all(isinstance(x, str) for x in s)
-                                              for s in skipped)):
-        raise CacheRefused("catalog.skipped: not a list of [label, reason]")
-    digests = _string_map(data.get("digests"), "catalog.digests")
-    unread = _string_map(data.get("unread"), "catalog.unread")
-    named = _string_map(data.get("named"), "catalog.named")
+    digests, named = data["digests"], data["named"]
     root = named.get(given)
     if not root or root not in digests:
         raise CacheRefused("catalog.named: the catalog as given is not among the files read")
-    folder = Path(root).parent
-    for what, paths in (("digests", digests), ("unread", unread)):
-        for p in paths:
-            if not (os.path.isabs(p) and os.path.normpath(p) == p and Path(p).is_relative_to(folder)):
-                raise CacheRefused(f"catalog.{what}: {p[:80]!r} is not a file under the catalog's folder")
-    for p in (*named, *(v for v in named.values() if v)):
-        if not (os.path.isabs(p) and os.path.normpath(p) == p):
-            raise CacheRefused(f"catalog.named: {p[:80]!r} is not an absolute, normalised path")
-    if not all(_HEX.fullmatch(d) for d in digests.values()):
-        raise CacheRefused("catalog.digests: not SHA-256 digests of the files read")
-    content = data.get("content_hash")
-    if content != content_digest(root, digests):
+    if data["content_hash"] != content_digest(root, digests):
         raise CacheRefused("catalog.content_hash: not the hash of the files' digests")
-    fmt, file = data.get("format"), data.get("file")
-    if not isinstance(fmt, str) or not isinstance(file, str):
-        raise CacheRefused("catalog.format / catalog.file: not strings")
     imported = CatalogImport(
-        tools=[_tool(t, f"catalog.tools[{i}]") for i, t in enumerate(tools)],
-        skipped=[(a, b) for a, b in skipped], format=fmt, file=file, seconds=0.0, content_hash=content,
-        notes=_strings(data.get("notes"), "catalog.notes"), files=_strings(data.get("files"), "catalog.files"),
-        digests=digests, unread=sorted(unread), named=named)
-    return imported, unread
+        tools=[Tool(**t) for t in data["tools"]], skipped=[(a, b) for a, b in data["skipped"]],
+        format=data["format"], file=data["file"], seconds=0.0, content_hash=data["content_hash"],
+        notes=list(data["notes"]), files=list(data["files"]), digests=dict(digests),
+        unread=sorted(data["unread"]), named=dict(named))
+    return imported, dict(data["unread"])
 
 
 class RunImports:
@@ -396,15 +324,19 @@ class RunImports:
             self.refused(rel, str(exc))
             return None
         head, _, blob = raw.partition(b"\n")
-        key_id, _, mac = head.decode("ascii", "replace").partition(" ")
+        signed = _SIGNED.fullmatch(head.decode("ascii", "replace"))
+        if signed is None:
+            self.refused(rel, "its first line is not a key id and an HMAC")
+            return None
+        key_id, mac = signed.groups()
         if key_id != self.key_id:  # another command's (a resumed run): harmless, it is replaced
-            log.info("import cache %s: written by another command; importing the catalog again", rel)
+            log.info("import cache %s: signed by another command; importing the catalog again", rel)
             return None
         if not hmac.compare_digest(mac, hmac.new(self.key, blob, "sha256").hexdigest()):
             self.refused(rel, "its HMAC does not match its content: it was changed after this command wrote it")
             return None
         try:
-            data = json.loads(blob, parse_constant=_no_constant)
+            data = json.loads(blob)
             if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
                 raise CacheRefused(f"format: not {CACHE_FORMAT!r}")
             if data.get("version") != CACHE_VERSION:
@@ -414,8 +346,8 @@ class RunImports:
             imported, unread = import_from_json(data.get("catalog"), ImportMemo.key(ref))
             if "graph" not in data:
                 raise CacheRefused("graph: missing")
-        except (CacheRefused, ValueError, RecursionError, TypeError) as exc:
-            self.refused(rel, str(exc))
+        except (CacheRefused, ValueError, RecursionError, TypeError, KeyError, AttributeError) as exc:
+            self.refused(rel, f"{type(exc).__name__}: {exc}")
             return None
         return imported, unread, data["graph"]
 

@@ -316,8 +316,9 @@ STATE_CAPS = FileCaps(file_bytes=1 << 30, total_bytes=1 << 30, files=100_000, de
 """What an MCP server's state folder (or an overlay) may hold for this process to hash it into the run's id."""
 
 
-def content_hash(source: EnvironmentSource) -> str:
-    """What a run's identity must change with when the user edits their source.
+def content_hash(source: EnvironmentSource, imported: CatalogImport | None = None) -> str:
+    """What a run's identity must change with when the user edits their source (a catalog's ``imported`` where
+    the caller has it).
 
     The user's files are read as untrusted data (``sandbox.files``): streamed, capped, links counted by their
     target's name and never followed.
@@ -330,7 +331,7 @@ def content_hash(source: EnvironmentSource) -> str:
     paths: list[tuple[Path, str]] = []
     if source.kind == "catalog":
         try:  # the import is kept for the process while its files are unchanged: opening the source reuses it
-            digest.update(IMPORTS.catalog(source.ref).content_hash.encode())
+            digest.update((imported or IMPORTS.catalog(source.ref)).content_hash.encode())
         except (CatalogError, OSError):  # opening it will report the problem; the id still must be stable
             paths.append((Path(source.ref), ""))
     elif source.kind == "module":
@@ -382,12 +383,11 @@ def _open_catalog(source: EnvironmentSource, play: Callable | None, imports: Run
         if loaded is not None and current(loaded[0], loaded[1]):  # else the files changed since: import them
             IMPORTS.keep(source.ref, loaded[0], loaded[1])
             graph_rows = loaded[2]
-            COUNTS["file_hits"] += 1
     try:
         imported = IMPORTS.catalog(source.ref)
     except (CatalogError, OSError) as exc:
         raise SourceError(f"catalog {source.ref}: {exc}") from None
-    key = content_hash(source)
+    key = content_hash(source, imported)
     if expected is not None and key != expected:
         raise SourceError(f"catalog {source.ref}: its content changed while run {imports.run_id} ran (content "
                           f"{expected} when it started, {key} now); run the command again: new content is a new run")
@@ -404,6 +404,7 @@ def _open_catalog(source: EnvironmentSource, play: Callable | None, imports: Run
             IMPORTS.forget(source.ref)
             return _open_catalog(source, play, imports, use_file=False)
         COUNTS["built"] += 1
+        COUNTS["file_hits"] += graph_rows is not None  # counted once the file's graph is built
         IMPORTS.keep_built(key, name, src.built)
     # built here, or built for an earlier run of this process and the run's file is not there yet (a new corpus):
     # the run's other processes read it

@@ -189,8 +189,12 @@ def _tools_edited(blob: bytes) -> bytes:  # a tool's text changed, the file's di
     return blob.replace(b"List pets", b"Delete every pet")
 
 
-def _outside(data):  # a file outside the catalog's folder named as read
-    data["catalog"]["digests"]["/etc/passwd"] = "0" * 64
+def _tool_field_missing(data):
+    del data["catalog"]["tools"][0]["parameters"]
+
+
+def _foreign_edge(data):
+    data["graph"].append(["listPets", "deleteEverything", []])
 
 
 def _wrong_digest(data):
@@ -201,7 +205,10 @@ def _wrong_digest(data):
 DAMAGES = {
     "edited after it was written": lambda stage, f: f.write_bytes(_tools_edited(f.read_bytes())),
     "bad JSON, signed": lambda stage, f: _resign(stage, f, lambda b: b[: len(b) // 2]),
-    "a file outside the catalog's folder, signed": lambda stage, f: _resign(stage, f, _edit_json(_outside)),
+    "a tool row without parameters, signed": lambda stage, f: _resign(stage, f, _edit_json(_tool_field_missing)),
+    "an edge to a tool the catalog does not have, signed":
+        lambda stage, f: _resign(stage, f, _edit_json(_foreign_edge)),
+    "no signature": lambda stage, f: f.write_bytes(f.read_bytes().partition(b"\n")[2]),
     "content hash not the files', signed": lambda stage, f: _resign(stage, f, _edit_json(_wrong_digest)),
     "a link out of the corpus": lambda stage, f: (f.unlink(), f.symlink_to("/etc/hostname")),
     "huge": lambda stage, f: f.open("ab").truncate(imports.MAX_CACHE_BYTES + 1),
