@@ -12,8 +12,8 @@ it). Two layers:
   JSON file per source under ``_runs/<run_id>/imports/``, written atomically by the first process that builds the
   source. It is data (the import's tools as rows, the graph's edges), never pickle, and is read as hostile input:
   capped, confined to the corpus root, signed with an HMAC under a key that only the command's own processes
-  hold (so a file edited in the corpus, or left by an earlier command, is not read), checked field by field, and
-  used only when the files it was made from are unchanged and it names the content the run's id was made from.
+  hold (so a file edited in the corpus, or left by an earlier command, is not read), and used only when it names
+  this source, the files it was made from are unchanged, and its content is the one the run's id was made from.
   Anything else is one log line and the source is built from the catalog again (and the file rewritten).
 
 The corpus is the same with or without either layer: a cached import is the import, and a cached graph has the
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 CACHE_FORMAT = "synthloop.import-cache"
 CACHE_VERSION = 1
 MAX_CACHE_BYTES = 512 << 20
-"""The largest cache file read back (a 3 MB Asana description makes ~10 MB)."""
+"""The largest cache file read back (Asana's 3 MB description makes one of 7.8 MB)."""
 MEMO_SIZE = 16
 """Catalogs (and built sources) one process keeps; the least recently used beyond it are dropped."""
 COUNTS: Counter = Counter()
@@ -357,9 +357,13 @@ class RunImports:
         rel = self._relative(name, source_hash)
         if rel is None:
             return
-        data = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "run_id": self.run_id, "name": name, "ref": ref,
-                "source_hash": source_hash, "catalog": import_to_json(imported, unread), "graph": graph_rows(graph)}
         try:
+            data = {"format": CACHE_FORMAT, "version": CACHE_VERSION, "run_id": self.run_id, "name": name,
+                    "ref": ref, "source_hash": source_hash, "catalog": import_to_json(imported, unread),
+                    "graph": graph_rows(graph)}
+            if set(vars(graph)) != {"domain", "tools", "graph"}:  # the file carries the edges, nothing else
+                raise CacheRefused(f"a ToolGraph now holds {sorted(vars(graph))}; generators.imports carries only "
+                                   "domain, tools and graph")
             blob = json.dumps(data, separators=(",", ":"), allow_nan=False).encode()
             back = json.loads(blob)  # a reader must get back exactly what this process holds, or nothing
             again, _ = import_from_json(back["catalog"], ImportMemo.key(ref))
@@ -371,7 +375,7 @@ class RunImports:
             mac = hmac.new(self.key, blob, "sha256").hexdigest()
             atomic_write_bytes(inside(self.root, rel), f"{self.key_id} {mac}\n".encode() + blob)
             COUNTS["file_writes"] += 1
-        except (CacheRefused, OutsideCorpus, OSError, ValueError) as exc:  # a cache not written costs time, not rows
+        except (CacheRefused, OutsideCorpus, OSError, ValueError, TypeError, KeyError) as exc:  # costs time, not rows
             log.warning("import cache %s: not written (%s); each process imports the catalog itself", rel, exc)
 
     def refused(self, rel: str, why: str) -> None:

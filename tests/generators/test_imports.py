@@ -12,6 +12,7 @@ import pytest
 
 from generators import imports
 from generators.config import EnvironmentSource, SynthesizeConfig
+from generators.graph import ToolGraph
 from generators.imports import COUNTS, IMPORTS
 from generators.sources import content_hash
 from stages.contract import JobContext, execute
@@ -267,3 +268,21 @@ def test_a_real_catalog_s_corpus_is_the_same_with_the_cache_as_without(tmp_path,
     before = dict(COUNTS)
     assert run(SynthesizeStage(config), tmp_path / "files", between=lambda batch: IMPORTS.clear()) == want
     assert COUNTS["file_hits"] - before.get("file_hits", 0) == 3  # each "worker" read the run's file
+
+
+def test_a_graph_that_holds_more_than_its_edges_is_not_cached_in_the_run_s_file(tmp_path, monkeypatch, caplog):
+    """The file carries a graph's edges and bindings; a ToolGraph that grows other state is not carried (and lost),
+    it is built by each process."""
+    build = ToolGraph.build.__func__
+
+    def with_more(cls, *args, **kwargs):
+        graph = build(cls, *args, **kwargs)
+        graph.entities = {"Pet": ["id"]}
+        return graph
+
+    monkeypatch.setattr(ToolGraph, "build", classmethod(with_more))
+    config = config_for(shop(tmp_path / "spec"), n_batches=1)
+    caplog.set_level(logging.WARNING, logger="generators.imports")
+    SynthesizeStage(config).prepare(Corpus(str(tmp_path / "corpus")), None)
+    assert not list((tmp_path / "corpus").glob("_runs/*/imports/*.json"))
+    assert "not written" in caplog.text and "entities" in caplog.text
