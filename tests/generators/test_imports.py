@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -286,3 +290,28 @@ def test_a_graph_that_holds_more_than_its_edges_is_not_cached_in_the_run_s_file(
     SynthesizeStage(config).prepare(Corpus(str(tmp_path / "corpus")), None)
     assert not list((tmp_path / "corpus").glob("_runs/*/imports/*.json"))
     assert "not written" in caplog.text and "entities" in caplog.text
+
+
+def _job_in_worker(stage: SynthesizeStage, job, root: str) -> tuple[int, dict[str, int]]:
+    before = dict(COUNTS)
+    execute(stage, job, JobContext(root))
+    return os.getpid(), {k: v - before.get(k, 0) for k, v in COUNTS.items()}
+
+
+def test_spawned_workers_read_the_file_and_import_nothing(tmp_path, monkeypatch):
+    """The stage travels to a worker pickled, as to the runner's process pool or a Ray task: with the run id and
+    the key it signs with, so the worker reads the run's file instead of importing or hashing the catalog."""
+    config = config_for(shop(tmp_path / "spec"), n_batches=4)
+    want = uncached_rows(config, tmp_path / "plain", monkeypatch)
+    stage = SynthesizeStage(config)
+    corpus = Corpus(str(tmp_path / "corpus"))
+    stage.prepare(corpus, None)
+    jobs = stage.plan(corpus)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_job_in_worker, [stage] * len(jobs), jobs, [str(tmp_path / "corpus")] * len(jobs)))
+    counts = Counter()
+    for _, c in done:
+        counts.update(c)
+    assert counts["imported"] == 0 and counts["file_refused"] == 0
+    assert counts["file_hits"] == len({pid for pid, _ in done})  # once per worker process, then its memory
+    assert tasks(tmp_path / "corpus") == want
