@@ -18,7 +18,7 @@ from generators import imports
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph
 from generators.imports import COUNTS, IMPORTS
-from generators.sources import content_hash
+from generators.sources import SourceError, content_hash
 from stages.contract import JobContext, execute
 from stages.synthesize import SynthesizeStage
 from storage import Corpus
@@ -315,3 +315,16 @@ def test_spawned_workers_read_the_file_and_import_nothing(tmp_path, monkeypatch)
     assert counts["imported"] == 0 and counts["file_refused"] == 0
     assert counts["file_hits"] == len({pid for pid, _ in done})  # once per worker process, then its memory
     assert tasks(tmp_path / "corpus") == want
+
+
+def test_a_catalog_edited_while_its_run_runs_fails_the_batch_instead_of_mixing_content(tmp_path):
+    """Before, a batch after the edit sampled the new content under the old run id."""
+    spec = shop(tmp_path / "spec")
+    stage = SynthesizeStage(config_for(spec, n_batches=2))
+    corpus = Corpus(str(tmp_path / "corpus"))
+    stage.prepare(corpus, None)
+    first, second = stage.plan(corpus)
+    execute(stage, first, JobContext(corpus.location))
+    spec.write_text(ROOT.replace("List pets", "List every pet"))
+    with pytest.raises(SourceError, match="its content changed while run .* ran"):
+        execute(stage, second, JobContext(corpus.location))
