@@ -218,6 +218,11 @@ class CatalogImport:
             for an OpenAPI description spread over several files, of each file's relative path and SHA-256.
         notes: Remarks about the file as a whole, e.g. that a 3.1 document has webhooks but no paths.
         files: Every file read, the root first.
+        digests: Every file read, by its absolute path (links resolved), to its SHA-256; with ``unread`` and
+            ``named``, what a cache of this import must find unchanged to serve it (``generators.imports``).
+        unread: Files a ``$ref`` named that were not read (missing, refused, over a cap), by absolute path.
+        named: Each path as written (the root's, each ``$ref``'s file part; absolute, normalised, links not
+            followed) to the file it resolved to, ``""`` where it did not resolve.
     """
 
     tools: list[Tool]
@@ -228,6 +233,9 @@ class CatalogImport:
     content_hash: str
     notes: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    digests: dict[str, str] = field(default_factory=dict)
+    unread: list[str] = field(default_factory=list)
+    named: dict[str, str] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:
@@ -285,7 +293,8 @@ def import_catalog(
                 tools, skipped, notes = _from_openapi(data, files, domain)
     result = CatalogImport(tools=tools, skipped=skipped, format=fmt, file=str(path),
                            seconds=time.perf_counter() - start, content_hash=files.content_hash(),
-                           notes=notes, files=files.names())
+                           notes=notes, files=files.names(), digests=dict(files.digests),
+                           unread=sorted(files.unread), named=dict(files.named))
     if strict and skipped:
         raise CatalogError(result.problems)
     return result
@@ -445,6 +454,9 @@ class _Files:
         self.docs: dict[str, Any] = {}
         self.digests: dict[str, str] = {}
         self.failed: dict[str, str] = {}
+        self.unread: set[str] = set()  # named by a $ref, not read: missing, refused, over a cap
+        # each path as written (normalised, links not followed) -> the file it resolved to; "" if it did not
+        self.named: dict[str, str] = {os.path.normpath(path.absolute()): self.key}
         self.bytes = 0
         self.on_load: Callable[[int], None] | None = None
 
@@ -468,10 +480,7 @@ class _Files:
         return [self.relative(k) for k in self.digests]
 
     def content_hash(self) -> str:
-        if len(self.digests) <= 1:
-            return next(iter(self.digests.values()), hashlib.sha256(b"").hexdigest())
-        lines = sorted(f"{self.relative(k)}\0{d}\n" for k, d in self.digests.items())
-        return hashlib.sha256("".join(lines).encode()).hexdigest()
+        return content_digest(self.key, self.digests)
 
     def load(self, target: str, base: str, ref: str, field: str) -> str:
         """The key of the document a ``$ref``'s file part names, read if need be; ``_FieldError`` if refused."""
@@ -479,10 +488,13 @@ class _Files:
         if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", target) or target.startswith("//"):
             raise _FieldError(field, f"{_show(ref)}{written} is a URL, and nothing is ever fetched; save the document "
                                      f"beside {self.path.name} and refer to it by a relative path")
+        named = os.path.normpath(Path(base).parent / unquote(target))
         try:
             resolved = (Path(base).parent / unquote(target)).resolve()
         except (OSError, ValueError, RuntimeError) as e:  # a NUL byte, a loop of links
+            self.named[named] = ""
             raise _FieldError(field, f"{_show(ref)}{written} names no file that can be read ({e})") from None
+        self.named[named] = str(resolved)
         if not resolved.is_relative_to(self.folder):
             raise _FieldError(field, f"{_show(ref)}{written} leads outside {self.folder.name}/, the folder of "
                                      f"{self.path.name}; only files under it are read")
@@ -491,20 +503,41 @@ class _Files:
             raise _FieldError(field, self.failed[key])
         if key not in self.docs:
             if len(self.docs) >= MAX_FILES:
+                self.unread.add(key)
                 raise _FieldError(field, f"{_show(ref)}{written}: the description reads more than {MAX_FILES:,} "
                                          "files; bundle it into fewer")
             if self.bytes + _size(resolved) > MAX_BYTES:
+                self.unread.add(key)
                 raise _FieldError(field, f"{_show(ref)}{written}: the files the description refers to hold more than "
                                          f"{MAX_BYTES // 2**20} MB together; bundle it, leaving out what is not "
                                          "needed")
             try:
                 self.docs[key] = self._read(resolved, key)
             except CatalogError as e:
+                if key not in self.digests:  # a file that cannot be parsed was read: its digest says so
+                    self.unread.add(key)
                 self.failed[key] = f"{_show(ref)}{written}: {e}"
                 raise _FieldError(field, self.failed[key]) from None
             if self.on_load is not None:
                 self.on_load(_extent(self.docs[key])[0])
         return key
+
+
+def content_digest(root: str, digests: dict[str, str]) -> str:
+    """:attr:`CatalogImport.content_hash` from the SHA-256 of each file read (by absolute path) and the root's path:
+    the one file's own digest, or for several that of each file's path relative to the root's folder and digest."""
+    if len(digests) <= 1:
+        return next(iter(digests.values()), hashlib.sha256(b"").hexdigest())
+    folder = Path(root).parent
+
+    def relative(key: str) -> str:
+        try:
+            return Path(key).relative_to(folder).as_posix()
+        except ValueError:
+            return Path(key).name
+
+    lines = sorted(f"{relative(k)}\0{d}\n" for k, d in digests.items())
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def _size(path: Path) -> int:

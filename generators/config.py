@@ -269,4 +269,9 @@ class SynthesizeConfig(StrictModel):
     def run_id(self) -> str:
         """A re-run of the same config resumes; one after a change to the code in ``CODE_SCOPE`` starts a new run
         instead of mixing old and new batches."""
-        return run_identity(self.run_name, self.asked(), self.CODE_SCOPE)
+        return self.identity()[0]
+
+    def identity(self) -> tuple[str, dict[str, str]]:
+        """The run id and the content hash of each user source (``"<kind>:<ref>"``) it was made from, read once."""
+        asked = self.asked()
+        return run_identity(self.run_name, asked, self.CODE_SCOPE), dict(asked.get("sources", {}))

@@ -41,9 +41,10 @@ from envs import (
     get_domain,
 )
 from envs.simulated import SimulatedEnvironment
-from generators.catalog import CatalogError, CatalogImport, import_catalog
+from generators.catalog import CatalogError, CatalogImport
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph, domain_graph
+from generators.imports import COUNTS, IMPORTS, Built, RunImports, current, graph_from_rows
 from generators.llm import RequestCache
 from generators.llm_agents import replayed_tool
 from sandbox import FileCaps, FileRefused, hash_tree
@@ -119,19 +120,33 @@ class _GraphFromEnvironment(Source):
 
 
 class CatalogSource(_GraphFromEnvironment):
-    """An OpenAPI description as a stateful REST domain (operations that are not CRUD are reported, not run)."""
+    """An OpenAPI description as a stateful REST domain (operations that are not CRUD are reported, not run).
+
+    ``built`` is what an earlier opening of the same content made (``generators.imports``): the domain, and the
+    graph once one was asked for; without it the domain is generated here.
+    """
 
     kind = "catalog"
     simulated = False
 
-    def __init__(self, source: EnvironmentSource, imported: CatalogImport | None = None):
+    def __init__(self, source: EnvironmentSource, imported: CatalogImport | None = None, built: Built | None = None):
         self.ref = source.ref
         self.name = source_name(source)
-        try:
-            self.domain = openapi_domain(source.ref, name=self.name, overlay=source.overlay, imported=imported)
-        except (CatalogError, OpenAPIDomainError, OSError) as exc:
-            raise SourceError(f"catalog {source.ref}: {exc}") from None
+        if built is None or built.domain is None:
+            try:
+                domain = openapi_domain(source.ref, name=self.name, overlay=source.overlay, imported=imported)
+            except (CatalogError, OpenAPIDomainError, OSError) as exc:
+                raise SourceError(f"catalog {source.ref}: {exc}") from None
+            built = built or Built(imported or IMPORTS.catalog(source.ref))
+            built.domain = domain
+        self.built = built
+        self.domain = built.domain
         self.inferred: OpenAPIReport = self.domain.report
+
+    def graph(self) -> ToolGraph:
+        if self.built.graph is None:
+            self.built.graph = self._graph
+        return self.built.graph
 
     def open(self, seed: int) -> Environment:
         return Environment(self.domain, seed)
@@ -156,7 +171,7 @@ def openapi_domain(path: str | os.PathLike, *, name: str | None = None,
         generators.catalog.CatalogError: the file cannot be imported, or it is not an OpenAPI description.
         envs.OpenAPIDomainError: no operation is CRUD on a resource, or the overlay names what does not exist.
     """
-    imported = imported or import_catalog(path)
+    imported = imported or IMPORTS.catalog(path)
     if imported.format != "openapi":
         raise CatalogError(
             f"{path}: this {imported.format} catalog has schemas but no implementation; only OpenAPI descriptions "
@@ -173,7 +188,8 @@ class SimulatedSource(Source):
     kind = "catalog"
     simulated = True
 
-    def __init__(self, source: EnvironmentSource, imported: CatalogImport, play: Callable | None):
+    def __init__(self, source: EnvironmentSource, imported: CatalogImport, play: Callable | None,
+                 built: Built | None = None):
         self.ref = source.ref
         self.name = source_name(source)
         self.tools = [replace(t, domain=self.name) for t in imported.tools]
@@ -184,6 +200,7 @@ class SimulatedSource(Source):
                               "JSON-schema function specs or BFCL entries")
         self.imported = imported
         self.play = play
+        self.built = built or Built(imported)
 
     def open(self, seed: int) -> SimulatedEnvironment:
         if self.play is None:
@@ -198,12 +215,10 @@ class SimulatedSource(Source):
     def specs(self) -> dict[str, ToolSpec]:
         return {t.name: ToolSpec.described(t) for t in self.tools}
 
-    @cached_property
-    def _graph(self) -> ToolGraph:
-        return ToolGraph.build(self.tools)
-
     def graph(self) -> ToolGraph:
-        return self._graph
+        if self.built.graph is None:
+            self.built.graph = ToolGraph.build(self.tools)
+        return self.built.graph
 
     def report(self) -> dict[str, Any]:
         return {**super().report(), "simulated": True, "format": self.imported.format,
@@ -323,8 +338,9 @@ STATE_CAPS = FileCaps(file_bytes=1 << 30, total_bytes=1 << 30, files=100_000, de
 """What an MCP server's state folder (or an overlay) may hold for this process to hash it into the run's id."""
 
 
-def content_hash(source: EnvironmentSource) -> str:
-    """What a run's identity must change with when the user edits their source.
+def content_hash(source: EnvironmentSource, imported: CatalogImport | None = None) -> str:
+    """What a run's identity must change with when the user edits their source (a catalog's ``imported`` where
+    the caller has it).
 
     The user's files are read as untrusted data (``sandbox.files``): streamed, capped, links counted by their
     target's name and never followed.
@@ -336,8 +352,8 @@ def content_hash(source: EnvironmentSource) -> str:
     digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{source.overlay}".encode())
     paths: list[tuple[Path, str]] = []
     if source.kind == "catalog":
-        try:
-            digest.update(import_catalog(Path(source.ref)).content_hash.encode())
+        try:  # the import is kept for the process while its files are unchanged: opening the source reuses it
+            digest.update((imported or IMPORTS.catalog(source.ref)).content_hash.encode())
         except (CatalogError, OSError):  # opening it will report the problem; the id still must be stable
             paths.append((Path(source.ref), ""))
     elif source.kind == "module":
@@ -373,25 +389,79 @@ def content_hash(source: EnvironmentSource) -> str:
     return digest.hexdigest()[:16]
 
 
-def open_source(source: EnvironmentSource, play: Callable | None = None) -> Source:
-    """Open one source; ``play`` answers calls of tools without an implementation (``LLMStage.play_tool``)."""
+def open_source(source: EnvironmentSource, play: Callable | None = None, imports: RunImports | None = None) -> Source:
+    """Open one source; ``play`` answers calls of tools without an implementation (``LLMStage.play_tool``).
+
+    A catalog is imported once per process while its files are unchanged, and its domain and graph are built once
+    per content (``generators.imports``); with ``imports`` (the run's cache files) a process that has not imported
+    it yet reads the run's file instead, and one that builds it writes the file.
+
+    Raises:
+        SourceError: the source cannot be opened, or (with ``imports``) its content is no longer the content the
+            run's id was made from.
+    """
     if source.kind != "catalog":
         return _KINDS[source.kind](source)
+    return _open_catalog(source, play, imports)
+
+
+def _open_catalog(source: EnvironmentSource, play: Callable | None, imports: RunImports | None,
+                  use_file: bool = True) -> Source:
+    name = source_name(source)
+    expected = imports.expected(source.kind, source.ref) if imports is not None else None
+    graph_rows = None
+    if expected is not None and use_file and IMPORTS.held(source.ref) is None:
+        loaded = imports.load(name, expected, source.ref)
+        if loaded is not None and current(loaded[0], loaded[1]):  # else the files changed since: import them
+            IMPORTS.keep(source.ref, loaded[0], loaded[1])
+            graph_rows = loaded[2]
     try:
-        imported = import_catalog(Path(source.ref))
+        imported = IMPORTS.catalog(source.ref)
     except (CatalogError, OSError) as exc:
         raise SourceError(f"catalog {source.ref}: {exc}") from None
-    if imported.format == "openapi":
-        return CatalogSource(source, imported)
-    return SimulatedSource(source, imported, play)
+    key = content_hash(source, imported)
+    if expected is not None and key != expected:
+        raise SourceError(f"catalog {source.ref}: its content changed while run {imports.run_id} ran (content "
+                          f"{expected} when it started, {key} now); run the command again: new content is a new run")
+    built = IMPORTS.built(key, name, imported)
+    if built is not None:
+        src = _catalog_source(source, imported, play, built, None)
+    else:
+        try:
+            src = _catalog_source(source, imported, play, Built(imported), graph_rows)
+        except Exception as exc:  # noqa: BLE001 - what the run's cache file held cannot be built: it is damaged
+            if graph_rows is None:
+                raise
+            imports.refused(imports.place(name, expected), f"{type(exc).__name__}: {exc}")
+            IMPORTS.forget(source.ref)
+            return _open_catalog(source, play, imports, use_file=False)
+        COUNTS["built"] += 1
+        COUNTS["file_hits"] += graph_rows is not None  # counted once the file's graph is built
+        IMPORTS.keep_built(key, name, src.built)
+    # built here, or built for an earlier run of this process and the run's file is not there yet (a new corpus):
+    # the run's other processes read it
+    if expected is not None and graph_rows is None and (built is None or not imports.written(name, key)):
+        imports.store(name, key, source.ref, imported, IMPORTS.unread(source.ref), src.graph())
+    return src
 
 
-def open_sources(config: SynthesizeConfig, play: Callable | None = None) -> dict[str, Source]:
+def _catalog_source(source: EnvironmentSource, imported: CatalogImport, play: Callable | None, built: Built,
+                    graph_rows: Any) -> Source:
+    src: Source = (CatalogSource(source, imported, built) if imported.format == "openapi"
+                   else SimulatedSource(source, imported, play, built))
+    if graph_rows is not None and built.graph is None:
+        tools = ([s.record for s in src.specs.values()] if isinstance(src, CatalogSource) else src.tools)
+        built.graph = graph_from_rows(tools, graph_rows)
+    return src
+
+
+def open_sources(config: SynthesizeConfig, play: Callable | None = None,
+                 imports: RunImports | None = None) -> dict[str, Source]:
     """The run's sources by domain name, built-in domains first; a name used twice is an error."""
     sources: dict[str, Source] = {d: BuiltinDomainSource(d) for d in config.domains}
     try:
         for spec in config.environments:
-            src = open_source(spec, play)
+            src = open_source(spec, play, imports)
             if src.name in sources:
                 raise SourceError(f"{spec.kind} {spec.ref!r}: domain name {src.name!r} is taken"
                                   f"{' by a built-in domain' if src.name in DOMAINS else ''}; give it another "

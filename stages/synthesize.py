@@ -7,9 +7,11 @@ runs the same in a test, in the flow's process, in a pool process or on a Ray no
 from __future__ import annotations
 
 import random
+import secrets
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from envs import ToolEnvironment
 from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage
+from generators.imports import RunImports
 from generators.llm import USAGE_COUNTS
 from generators.phrasing import unsolvable
 from generators.sources import Source, domain_names, open_sources
@@ -72,7 +75,8 @@ STAGE = "synthesize"
 
 
 def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | None = None,
-              cache_path: str | None = None, progress: Progress | None = None) -> BatchResult:
+              cache_path: str | None = None, progress: Progress | None = None, *, run_id: str | None = None,
+              imports: RunImports | None = None) -> BatchResult:
     """Sample, execute, phrase, roll out, control and verify the tasks of one batch.
 
     Args:
@@ -81,9 +85,13 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         base_urls: Runtime URLs of endpoints configured without one (the embedded model's server).
         cache_path: The LLM request cache (SQLite); None = no cache.
         progress: Where to say what the batch is doing (sampling task k of n, LLM rollout k of n).
+        run_id: The run's id, where the caller has it (``config.run_id`` reads every source to hash it).
+        imports: The run's import cache files (``generators.imports``): the catalogs another process of the
+            run imported, read instead of imported again.
     """
     progress = progress or Progress(None, "")
     start = time.perf_counter()
+    run_id = run_id or config.run_id
     first = batch * config.batch_size
     indices = range(first, min(first + config.batch_size, config.n_tasks))
     quota = config.llm_quota(batch)
@@ -96,21 +104,25 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
     sources: dict[str, Source] = {}
     envs: dict[str, ToolEnvironment] = {}
     try:
-        sources = open_sources(config, play=llm.play_tool if llm is not None else None)
+        t0 = time.perf_counter()
+        sources = open_sources(config, play=llm.play_tool if llm is not None else None, imports=imports)
+        graphs = {d: src.graph() for d, src in sources.items()}
+        opened_s = time.perf_counter() - t0
         for d, src in sources.items():
             envs[d] = src.open(env_seed(config, batch, d))
         usage: Counter = Counter()
         propose = llm.propose_value if llm is not None else None
-        samplers = {d: PlanSampler(envs[d], src.graph(), config.sampling, usage,
+        samplers = {d: PlanSampler(envs[d], graphs[d], config.sampling, usage,
                                    propose=propose if src.kind != "builtin" else None) for d, src in sources.items()}
         simulated = {d for d, src in sources.items() if src.simulated}
         rows = _Rows()
+        rows.timings["sources_s"] += opened_s
         llm_jobs = []
         for n, index in enumerate(indices):
             progress("sampling and verifying tasks", n, len(indices))
             # the first accepted tasks short enough for the agents get LLM rollouts, up to the batch's quota
             wanted = len(llm_jobs) < quota and llm is not None
-            task = _task(config, batch, index, envs, samplers, llm if wanted else None, rows, simulated)
+            task = _task(config, run_id, batch, index, envs, samplers, llm if wanted else None, rows, simulated)
             # a simulated environment answers through the stage's own event loop: not from inside a rollout on it
             if (task is not None and task.accepted and wanted and len(task.reference_plan) <= config.agents.max_calls
                     and task.domain not in simulated):
@@ -155,7 +167,7 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
     return BatchResult(tables=tables, summary=summary, coverage=rows.coverage)
 
 
-def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, ToolEnvironment],
+def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: dict[str, ToolEnvironment],
           samplers: dict[str, PlanSampler], writer: LLMStage | None, rows: _Rows,
           simulated: set[str] = frozenset()) -> Task | None:
     """Sample one task, (have its requests rewritten,) roll out its reference and controls, verify them."""
@@ -166,7 +178,7 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Tool
         domain = seed.domain
         env, sampler = envs[domain], samplers[domain]
         variant = sample_variant(env, sampler.graph, seed, rng, base=config.sampling, usage=sampler.usage,
-                                 task_id=task_id_for(config.run_id, batch, index), run_id=config.run_id,
+                                 task_id=task_id_for(run_id, batch, index), run_id=run_id,
                                  batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
         task, retries = variant.task, variant.tries - (variant.task is not None)
         rows.counts[f"variant_{variant.match or 'failures'}"] += 1
@@ -174,8 +186,8 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Tool
         names = domain_names(config)
         domain = names[index % len(names)]
         env, sampler = envs[domain], samplers[domain]
-        task, retries = sample_task(sampler, rng, task_id=task_id_for(config.run_id, batch, index),
-                                    run_id=config.run_id, batch=batch, sampler_seed=index,
+        task, retries = sample_task(sampler, rng, task_id=task_id_for(run_id, batch, index),
+                                    run_id=run_id, batch=batch, sampler_seed=index,
                                     code_check_share=config.code_check_share)
     rows.counts["sample_retries"] += retries
     rows.per_domain[domain]["tasks" if task is not None else "sample_failures"] += 1
@@ -240,10 +252,24 @@ class SynthesizeStage(Stage):
 
     def __init__(self, config: SynthesizeConfig):
         self.config = config
+        # signs the run's import cache files; travels to the workers with the stage, never into the corpus
+        self.cache_key = secrets.token_bytes(32)
+
+    @cached_property
+    def identity(self) -> tuple[str, dict[str, str]]:
+        """The run id and each user source's content hash, read once: a job placed in another process or on a Ray
+        node gets them with the stage instead of hashing every catalog again."""
+        return self.config.identity()
 
     @property
     def run_id(self) -> str:
-        return self.config.run_id
+        return self.identity[0]
+
+    def imports(self, corpus_location: str) -> RunImports | None:
+        """The run's import cache files, where the corpus is a folder and the run has sources of its own."""
+        if not self.config.environments or "://" in corpus_location:
+            return None
+        return RunImports(corpus_location, self.run_id, self.identity[1], self.cache_key)
 
     def manifest(self) -> dict[str, Any]:
         return {"code_version": code_version()}
@@ -251,7 +277,7 @@ class SynthesizeStage(Stage):
     def prepare(self, corpus: Corpus, log: Any) -> None:
         if corpus.batch_done(self.run_id, "catalog", 0):
             return
-        sources = open_sources(self.config)
+        sources = open_sources(self.config, imports=self.imports(corpus.location))
         try:
             corpus.write_batch(self.run_id, "catalog", 0, catalog_rows(sources),
                                {"domains": list(sources), "sources": [s.report() for s in sources.values()]})
@@ -296,7 +322,8 @@ class SynthesizeStage(Stage):
                 f"server"]
 
     def run(self, job: Job, context: JobContext) -> JobResult:
-        result = run_batch(self.config, job.batch, context.base_urls, context.cache_path, context.progress(job))
+        result = run_batch(self.config, job.batch, context.base_urls, context.cache_path, context.progress(job),
+                           run_id=self.run_id, imports=self.imports(context.corpus_root))
         return JobResult(result.tables, result.summary)
 
     def summarize(self, corpus: Corpus) -> dict[str, Any]:
