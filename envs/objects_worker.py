@@ -487,11 +487,12 @@ class Host:
                 doc = self.docs.get(name)
                 if doc is not None:
                     record["description"], record["parameters"] = doc["description"], doc["parameters"]
+                    record["returns"] = doc.get("returns")
                 elif self.docs:
                     continue  # docs given: a method they do not describe is not a tool
                 owners[name] = (label, fn.__name__)
                 order = record.pop("order")
-                tools.append({"record": {**record, "returns": None, "source": f"objects:{self.config['name']}",
+                tools.append({"record": {"returns": None, **record, "source": f"objects:{self.config['name']}",
                                          "implementation": f"{cls.__module__}:{cls.__qualname__}.{fn.__name__}",
                                          "mutates": True, "domain": self.config["name"]},
                               "method": fn.__name__, "phrase": "", "answer": "auto", "order": order,

@@ -174,8 +174,9 @@ class PlanSampler:
                         if not isinstance(node, list) or not node:
                             return None
                         key = rng.randrange(len(node))
-                    if not isinstance(node, (dict, list)) or (isinstance(node, dict) and key not in node):
-                        return None  # an optional field this result left out: nothing to bind
+                    if not isinstance(node, (dict, list)) or (isinstance(node, dict) and key not in node) or (
+                            isinstance(node, list) and not isinstance(key, int)):
+                        return None  # an optional field this result left out (or a result unlike its schema)
                     concrete.append(key)
                     node = node[key]
                 fixed[param] = ({"$ref": parent.id, "path": concrete}, node)
@@ -632,6 +633,8 @@ def sample_task(
     the corpus towards shallow tasks.
     """
     depth = rng.randint(sampler.config.depth_min, sampler.config.depth_max)
+    # a depth the graph cannot reach would only fail (a catalog whose results feed few parameters)
+    depth = min(depth, max(sampler.config.depth_min, sampler.reachable_depth))
     for attempt in range(attempts):
         sampled = sampler.sample(rng, depth)
         if sampled is None:
