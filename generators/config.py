@@ -123,7 +123,7 @@ class EnvironmentSource(StrictModel):
     env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
                                 "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
     values: dict[str, list[JsonValue]] = Field(
-        default_factory=dict, description="mcp: argument values for parameters no state supplies (a SQL query, a "
+        default_factory=dict, description="mcp, objects: argument values for parameters no state supplies (a SQL query, a "
         "time zone, a list of files), by parameter name or tool.param; with a model configured, it proposes such "
         "values too.")
     programs: list[str] = Field(default_factory=list, description="mcp: programs the server runs per call (git for "

@@ -255,7 +255,7 @@ class ObjectsSource(ModuleSource):
                 self.plugin = bfcl_synthesis_source(name=self.name)
             else:
                 self.plugin = object_source(source.ref, search_path=search_path(source), name=self.name,
-                                            reserved_names=frozenset(DOMAINS))
+                                            reserved_names=frozenset(DOMAINS), values=source.values or None)
             self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
         except Exception as exc:  # the code is untrusted: any failure to start it is its failure, reported
             raise SourceError(f"objects {source.ref}: {exc}") from None
