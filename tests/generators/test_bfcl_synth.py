@@ -51,7 +51,8 @@ def synthesized():
     config = SynthesizeConfig(domains=[], environments=[EnvironmentSource(kind="objects", ref="bfcl")], n_tasks=20,
                               batch_size=10, agents={"llm_tasks": 0}, seed=0)
     results = [run_batch(config, b) for b in (0, 1)]
-    return ([t for r in results for t in r.tables["tasks"]], [v for r in results for v in r.tables["verdicts"]])
+    return ([t for r in results for t in r.tables["tasks"]], [v for r in results for v in r.tables["verdicts"]],
+            results[0].tables)
 
 
 def test_states_are_drawn_by_seed_and_copy_no_entry(root):
@@ -112,7 +113,7 @@ def test_the_sampler_finds_argument_values_in_object_state(source):
 
 
 def test_the_pipeline_accepts_tasks_with_writes_whose_controls_are_rejected(synthesized):
-    tasks, verdicts = synthesized
+    tasks, verdicts, _ = synthesized
     accepted = [t for t in tasks if t["accepted"]]
     writes = [t for t in accepted if t["expected_diff"]]
     assert len(accepted) >= 8 and len(writes) >= 3
@@ -153,6 +154,31 @@ def test_a_task_copied_from_an_entry_is_caught_and_fresh_tasks_are_not(root, ove
             assert report["matched"] == 1
     finally:
         source.close()
-    tasks, _ = synthesized
+    tasks, _, _ = synthesized
     fresh = [overlap.match(list(t["requests"]), task_calls(t)) for t in tasks]
     assert fresh and not any(o.items for o in fresh)
+
+
+def test_curation_flags_the_copied_task_of_a_bfcl_run_and_reports_by_category(root, synthesized, tmp_path):
+    from stages.curate import CurateConfig, dedup_rows
+    from storage import Corpus
+
+    _, _, tables = synthesized
+    run_id = tables["tasks"][0]["run_id"]
+    source, imported = import_category("multi_turn_long_context", root=root, ids=["multi_turn_long_context_24"])
+    source.close()
+    copied = {**imported[0].task.to_row(), "run_id": run_id, "batch": 0, "accepted": True, "reject_reason": None}
+    corpus = Corpus(tmp_path)
+    corpus.write_batch(run_id, "synthesize", 0, {**tables, "tasks": [*tables["tasks"], copied]}, {})
+    corpus.write_manifest(run_id, {"stage": "synthesize", "status": "complete",
+                                   "config": {"environments": [{"kind": "objects", "ref": "bfcl"}]}})
+    rows, summary = dedup_rows(corpus, CurateConfig(dedup={"benchmark": None}), "c")
+    flagged = {r["task_id"]: r["contamination_items"] for r in rows if r["contaminated"]}
+    assert list(flagged) == [copied["task_id"]]
+    assert "multi_turn_long_context_24" in flagged[copied["task_id"]]
+    report = summary["bfcl_multi_turn"]
+    assert report["entries"] == 800 and report["matched"] == 1 and report["tasks"] == len(rows)
+    assert report["by_category"]["multi_turn_long_context"]["either"] == 1
+    # off: the same corpus is not checked against the multi-turn entries
+    rows, summary = dedup_rows(corpus, CurateConfig(dedup={"benchmark": None, "multi_turn": "off"}), "c")
+    assert not any(r["contaminated"] for r in rows) and "bfcl_multi_turn" not in summary
