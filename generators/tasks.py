@@ -237,7 +237,10 @@ class PlanSampler:
         work = self.base.fork()
         initial = work.rows()
         steps: list[ExecutedStep] = []
-        for root in self._weighted(list(self.specs), rng):
+        roots = list(self.specs)
+        if depth > 1:  # a root whose results feed no other tool cannot start a chain (most tools of a wide catalog)
+            roots = [t for t in roots if any(v != t for v in self.graph.successors(t))] or roots
+        for root in self._weighted(roots, rng):
             step = self._try_step(work, steps, root, {}, rng)
             if step is not None:
                 steps.append(step)
