@@ -35,6 +35,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ngram", type=int, default=8)
     p.add_argument("--call-overlap", dest="call_overlap", type=float, default=0.5)
+    p.add_argument("--llm-tasks", dest="llm_tasks", type=int, default=0,
+                   help="then one more batch of 6 tasks whose first K also get rollouts by the embedded model "
+                        "(task writer, user and assistant), on this machine's CPU")
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     config = SynthesizeConfig(domains=[], environments=[EnvironmentSource(kind="objects", ref="bfcl")],
@@ -88,8 +91,30 @@ def main() -> None:
         print(f"| {c} | {v['text']} | {v['calls']} | {v['either']} |")
     print("tasks whose best entry holds at least this share of their argument calls:",
           report["best_call_share_at_least"])
+    if args.llm_tasks:
+        figures["embedded"] = embedded_rollouts(args.llm_tasks, args.seed)
+        e = figures["embedded"]
+        print(f"embedded model: {e['tasks_rolled_out']} tasks rolled out, {e['attempts']} attempts, {e['passed']} "
+              f"passed their verifier ({e['tasks_passed']} tasks); {e['seconds']} s; llm: {e['llm']}")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1, default=str))
+
+
+def embedded_rollouts(k: int, seed: int) -> dict:
+    """One batch of 6 tasks whose first ``k`` are also played by the embedded model (its server on this machine)."""
+    from generators.embedded import EmbeddedServer
+    from generators.llm import EMBEDDED
+
+    config = SynthesizeConfig(domains=[], environments=[EnvironmentSource(kind="objects", ref="bfcl")], n_tasks=6,
+                              batch_size=6, agents={"llm_tasks": k}, seed=seed + 1)
+    start = time.perf_counter()
+    with EmbeddedServer() as server:
+        result = run_batch(config, 0, base_urls={EMBEDDED: server.base_url})
+    rollouts = [v for v in result.tables["verdicts"] if v["control"] == "rollout"]
+    return {"tasks_rolled_out": len({v["task_id"] for v in rollouts}), "attempts": len(rollouts),
+            "passed": sum(v["passed"] for v in rollouts),
+            "tasks_passed": len({v["task_id"] for v in rollouts if v["passed"]}),
+            "seconds": round(time.perf_counter() - start, 1), "llm": result.summary.get("llm")}
 
 
 if __name__ == "__main__":

@@ -78,15 +78,13 @@ def _messages(rng):
 
 
 def _tickets(rng):
+    me = f"{rng.choice(_PEOPLE)} {rng.choice(_SURNAMES)}"
     queue = []
     start = rng.randrange(200, 900)
     for i, title in enumerate(rng.sample(_TICKETS, rng.randint(2, 4))):
         queue.append({"id": start + i, "title": title, "description": rng.choice(_SENTENCES).capitalize() + ".",
                       "status": rng.choice(["open", "open", "closed"]), "priority": rng.randint(1, 5),
-                      "created_by": "me"})
-    me = f"{rng.choice(_PEOPLE)} {rng.choice(_SURNAMES)}"
-    for t in queue:
-        t["created_by"] = me
+                      "created_by": me})
     return {"ticket_queue": queue, "ticket_counter": start + len(queue), "current_user": me}
 
 
