@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ngram", type=int, default=8)
     p.add_argument("--call-overlap", dest="call_overlap", type=float, default=0.5)
+    p.add_argument("--ratio", type=float, default=90.0, help="request ~ user turn similarity that counts (0-100)")
     p.add_argument("--llm-tasks", dest="llm_tasks", type=int, default=0,
                    help="then one more batch of 6 tasks whose first K also get rollouts by the embedded model "
                         "(task writer, user and assistant), on this machine's CPU")
@@ -62,7 +63,7 @@ def main() -> None:
         if t["expected_diff"]:
             per_class_writes.update(used)
     start_overlap = time.perf_counter()
-    index = MultiTurnOverlap.load(n=args.ngram, threshold=args.call_overlap)
+    index = MultiTurnOverlap.load(n=args.ngram, threshold=args.call_overlap, ratio=args.ratio)
     overlaps = [index.match(list(t["requests"]), task_calls(t)) for t in tasks]
     report = index.report(overlaps)
     figures = {
@@ -74,7 +75,8 @@ def main() -> None:
         "seconds": round(seconds, 1), "overlap_seconds": round(time.perf_counter() - start_overlap, 1),
         "overlap": report,
         "overlapping_tasks": [{"task_id": t["task_id"], "requests": t["requests"], "text": o.text, "calls": o.calls,
-                               "best_call_share": round(o.best_call_share, 2), "best_entry": o.best_entry}
+                               "fuzzy": o.fuzzy, "best_call_share": round(o.best_call_share, 2),
+                               "best_entry": o.best_entry, "best_ratio": o.best_ratio}
                               for t, o in zip(tasks, overlaps) if o.items],
     }
     print(f"tasks sampled {len(tasks)} (sample failures {failures}), accepted {len(accepted)}, with writes "
@@ -84,13 +86,15 @@ def main() -> None:
     for c, v in figures["per_class"].items():
         print(f"| {c} | {v['accepted']} | {v['with_writes']} |")
     print(f"overlap with BFCL multi-turn ({report['entries']} entries, {report['ngram']}-gram text, call share >= "
-          f"{report['call_threshold']}): text {report['text_matched']}, calls {report['calls_matched']}, either "
+          f"{report['call_threshold']}, request ~ turn ratio >= {report['ratio_threshold']}): text "
+          f"{report['text_matched']}, calls {report['calls_matched']}, fuzzy {report['fuzzy_matched']}, any "
           f"{report['matched']} of {report['tasks']} tasks")
-    print("| category | text | calls | either |\n|---|---:|---:|---:|")
+    print("| category | text | calls | fuzzy | any |\n|---|---:|---:|---:|---:|")
     for c, v in report["by_category"].items():
-        print(f"| {c} | {v['text']} | {v['calls']} | {v['either']} |")
+        print(f"| {c} | {v['text']} | {v['calls']} | {v['fuzzy']} | {v['either']} |")
     print("tasks whose best entry holds at least this share of their argument calls:",
           report["best_call_share_at_least"])
+    print("tasks with a request at least this similar to a BFCL user turn:", report["best_ratio_at_least"])
     if args.llm_tasks:
         figures["embedded"] = embedded_rollouts(args.llm_tasks, args.seed)
         e = figures["embedded"]

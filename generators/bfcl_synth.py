@@ -9,8 +9,9 @@ source, and the normal pipeline samples, verifies and phrases tasks on it. A res
 did what they were asked.
 
 Decontamination (:class:`MultiTurnOverlap`): a task overlaps a BFCL multi-turn entry when its requests share a word
-n-gram with the entry's user turns (``storage.dedup.Contamination``) or when most of its calls that take
-arguments are calls of the entry's ground truth, name and arguments equal. Curation uses it for tasks of a
+n-gram with the entry's user turns (``storage.dedup.Contamination``), when one request is nearly one of its turns
+(rapidfuzz), or when most of its calls that take arguments are calls of the entry's ground truth, name and
+arguments equal. Curation uses it for tasks of a
 ``bfcl`` source (``DedupConfig.multi_turn``); ``benchmarks/bfcl_synth.py`` reports it by category and threshold.
 """
 
@@ -20,15 +21,17 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rapidfuzz import fuzz, process
 
 import envs.bfcl_states as bfcl_states
 from envs.objects import ObjectSource, bfcl_schema
 from envs.plugin import PluginLocation
 from generators.bfcl_import import BFCLCallError, bfcl_docs, parse_call, turn_text
-from storage.dedup import Contamination
+from storage.dedup import Contamination, words
 from storage.external import (
     BFCL_CLASS_FILES,
     MULTI_TURN_CATEGORIES,
@@ -110,10 +113,12 @@ class Overlap:
     calls: list[str]  # entry ids whose ground truth holds at least ``threshold`` of the task's argument calls
     best_call_share: float  # the largest share of the task's argument calls found in one entry
     best_entry: str | None
+    fuzzy: list[str] = field(default_factory=list)  # entry ids with a user turn this similar to one request
+    best_ratio: float = 0.0  # the highest similarity (rapidfuzz ratio, 0-100) of a request to any user turn
 
     @property
     def items(self) -> list[str]:
-        return sorted(set(self.text) | set(self.calls))
+        return sorted(set(self.text) | set(self.calls) | set(self.fuzzy))
 
 
 class MultiTurnOverlap:
@@ -124,11 +129,22 @@ class MultiTurnOverlap:
         n: Word n-gram length of the text match.
         threshold: Share of a task's calls that take arguments which must be calls of one entry's ground truth.
         min_shared: At least this many such calls must be shared (fewer if the task has fewer).
+        ratio: A request at least this similar (rapidfuzz ``ratio`` of the word-normalised texts, 0-100) to one
+            user turn overlaps that turn's entry: a reworded copy shares no 8-gram but most of its characters.
     """
 
     def __init__(self, entries: dict[str, list[dict[str, Any]]], *, n: int = 8, threshold: float = 0.5,
-                 min_shared: int = 2, order: dict[str, list[str]] | None = None):
-        self.threshold, self.min_shared = threshold, min_shared
+                 min_shared: int = 2, ratio: float = 90.0, order: dict[str, list[str]] | None = None):
+        self.threshold, self.min_shared, self.ratio = threshold, min_shared, ratio
+        self.turns: list[str] = []
+        self.turn_entry: list[str] = []
+        for es in entries.values():
+            for e in es:
+                for t in e["question"]:
+                    text = " ".join(words(turn_text(t)))
+                    if text:
+                        self.turns.append(text)
+                        self.turn_entry.append(e["id"])
         self.category = {e["id"]: c for c, es in entries.items() for e in es}
         self.text = Contamination(((e["id"], " ".join(turn_text(t) for t in e["question"]))
                                    for es in entries.values() for e in es), n=n)
@@ -165,6 +181,16 @@ class MultiTurnOverlap:
 
     def match(self, requests: list[str], calls: list[tuple[str, dict[str, Any]]]) -> Overlap:
         text = self.text.match(" ".join(requests))
+        fuzzy, best_ratio = set(), 0.0
+        for request in requests:
+            query = " ".join(words(request))
+            if not query:
+                continue
+            for _, score, i in process.extract(query, self.turns, scorer=fuzz.ratio, score_cutoff=min(self.ratio, 50),
+                                               limit=20):
+                best_ratio = max(best_ratio, score)
+                if score >= self.ratio:
+                    fuzzy.add(self.turn_entry[i])
         keys = {call_key(n, a) for n, a in calls if a}
         shared: dict[str, int] = {}
         for k in keys:
@@ -174,19 +200,22 @@ class MultiTurnOverlap:
         hits = sorted(e for e, s in shared.items() if keys and s >= need and s / len(keys) >= self.threshold)
         best = max(shared, key=lambda e: (shared[e], e), default=None)
         return Overlap(text=text, calls=hits, best_call_share=shared[best] / len(keys) if best else 0.0,
-                       best_entry=best)
+                       best_entry=best, fuzzy=sorted(fuzzy), best_ratio=round(best_ratio, 1))
 
-    def report(self, overlaps: list[Overlap], thresholds: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)) -> dict[str, Any]:
-        """How many tasks matched, by kind (text, calls) and by BFCL category, and how many reach each call-share
-        threshold."""
-        by_category: dict[str, dict[str, int]] = {c: {"text": 0, "calls": 0, "either": 0} for c in MULTI_TURN_CATEGORIES
-                                                  if c in self.category.values()}
+    def report(self, overlaps: list[Overlap], thresholds: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0),
+               ratios: tuple[float, ...] = (50, 70, 80, 90)) -> dict[str, Any]:
+        """How many tasks matched, by kind (text, calls, fuzzy) and by BFCL category, and how many reach each
+        call-share and similarity threshold."""
+        by_category: dict[str, dict[str, int]] = {c: {"text": 0, "calls": 0, "fuzzy": 0, "either": 0}
+                                                  for c in MULTI_TURN_CATEGORIES if c in self.category.values()}
         for o in overlaps:
-            for kind, ids in (("text", o.text), ("calls", o.calls), ("either", o.items)):
+            for kind, ids in (("text", o.text), ("calls", o.calls), ("fuzzy", o.fuzzy), ("either", o.items)):
                 for c in {self.category[i] for i in ids}:
                     by_category[c][kind] += 1
         return {"tasks": len(overlaps), "entries": len(self), "ngram": self.text.n, "call_threshold": self.threshold,
                 "text_matched": sum(bool(o.text) for o in overlaps),
-                "calls_matched": sum(bool(o.calls) for o in overlaps),
+                "calls_matched": sum(bool(o.calls) for o in overlaps), "ratio_threshold": self.ratio,
+                "fuzzy_matched": sum(bool(o.fuzzy) for o in overlaps),
                 "matched": sum(bool(o.items) for o in overlaps), "by_category": by_category,
-                "best_call_share_at_least": {str(t): sum(o.best_call_share >= t for o in overlaps) for t in thresholds}}
+                "best_call_share_at_least": {str(t): sum(o.best_call_share >= t for o in overlaps) for t in thresholds},
+                "best_ratio_at_least": {str(r): sum(o.best_ratio >= r for o in overlaps) for r in ratios}}

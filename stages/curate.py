@@ -99,6 +99,8 @@ class DedupConfig(StrictModel):
     call_overlap: float = Field(0.5, gt=0, le=1, description="A task overlaps a BFCL multi-turn entry when at least this "
                                 "share of its calls that take arguments (and 2 of them, or all if fewer) are calls of "
                                 "the entry's ground truth, name and arguments equal.")
+    fuzzy_ratio: float = Field(90.0, gt=0, le=100, description="A request at least this similar (rapidfuzz ratio, "
+                               "0-100) to one of BFCL's multi-turn user turns overlaps that entry (a reworded copy).")
 
 
 class CurateConfig(StrictModel):
@@ -508,7 +510,7 @@ def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[
     if cfg.multi_turn == "on" or (cfg.multi_turn == "auto" and any(
             s.get("kind") == "objects" and s.get("ref") == BFCL_REF
             for r in runs for s in ((corpus.manifest(r).get("config") or {}).get("environments") or []))):
-        multi = MultiTurnOverlap.load(n=cfg.ngram, threshold=cfg.call_overlap)
+        multi = MultiTurnOverlap.load(n=cfg.ngram, threshold=cfg.call_overlap, ratio=cfg.fuzzy_ratio)
     overlaps = []
     now = time.time()
     rows = []

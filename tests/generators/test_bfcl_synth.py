@@ -6,8 +6,8 @@
   the queue, card and booking ids that key their dicts, user ids in a name -> id map.
 * The normal pipeline (sampler, scripted user and assistant, verifier, six controls) accepts tasks with writes
   on it, and every control of an accepted task is rejected.
-* Decontamination against all four categories catches a task copied from an entry (by its text, and by its
-  calls alone when reworded) and passes the fresh ones.
+* Decontamination against all four categories catches a task copied from an entry (by its text, by its calls
+  alone when reworded, by similarity when a word in eight is changed) and passes the fresh ones.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.sources import ObjectsSource
 from sandbox import availability
 from stages.synthesize import run_batch
+from storage.dedup import words
 from storage.external import MULTI_TURN_CATEGORIES, bfcl_eval_root, bfcl_multi_turn
 
 pytestmark = pytest.mark.skipif(not availability().ok and not os.environ.get("CI"),
@@ -148,6 +149,11 @@ def test_a_task_copied_from_an_entry_is_caught_and_fresh_tasks_are_not(root, ove
             # the same calls under reworded requests are still caught, by the calls
             reworded = overlap.match(["Please sort this out for me."], calls)
             assert not reworded.text and im.entry["id"] in reworded.calls
+            # a request with every 8th word changed shares no 8-gram with the entry, but is nearly its turn
+            turn = words(max(task.requests, key=len))
+            edited = " ".join("thing" if i % 8 == 7 else w for i, w in enumerate(turn))
+            near = overlap.match([edited], [])
+            assert im.entry["id"] not in near.text and im.entry["id"] in near.fuzzy and near.best_ratio >= 90
             # the other categories hold the same questions: the report counts them per category
             report = overlap.report([copied])
             assert report["by_category"]["multi_turn_base"]["either"] == 1
