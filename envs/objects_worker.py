@@ -306,7 +306,8 @@ def state_values(instances, param):
     - for ``<kind>_<field>`` (``ticket_id``, ``file_name``, ``dirName``) the ``field`` of every record of that kind:
       a record is an object (its kind: its class, ``File``) or a dict inside a container (its kind: the
       container's attribute, ``ticket_queue``); a container keyed by the records' ids (``credit_card_list``)
-      gives its keys, one of plain values (``user_map``: name -> id) its keys and values;
+      gives its keys, a plain map named like the kind (``user_map``: name -> id) its values for an id and its
+      keys otherwise;
     - for a bare kind (``folder``) the naming field (name, id, title, ...) of its records.
 
     A kind matches when one of its words starts with the parameter's word or a synonym of it (``SYNONYMS``)."""
