@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from generators.bfcl_synth import MultiTurnOverlap, task_calls, tool_classes  # noqa: E402
+from generators.bfcl_synth import MultiTurnOverlap, call_key, task_calls, tool_classes  # noqa: E402
 from generators.config import EnvironmentSource, SynthesizeConfig  # noqa: E402
 from stages.synthesize import run_batch  # noqa: E402
 
@@ -78,6 +78,12 @@ def main() -> None:
                                "fuzzy": o.fuzzy, "best_call_share": round(o.best_call_share, 2),
                                "best_entry": o.best_entry, "best_ratio": o.best_ratio}
                               for t, o in zip(tasks, overlaps) if o.items],
+        # below the thresholds but not nothing: which calls a task shares with its closest entry
+        "sharing_calls": [{"task_id": t["task_id"], "best_entry": o.best_entry,
+                           "best_call_share": round(o.best_call_share, 2),
+                           "shared": sorted(k for k in {call_key(n, a) for n, a in task_calls(t) if a}
+                                            if k in index.calls.get(o.best_entry, ()))}
+                          for t, o in zip(tasks, overlaps) if o.best_call_share >= 0.25],
     }
     print(f"tasks sampled {len(tasks)} (sample failures {failures}), accepted {len(accepted)}, with writes "
           f"{figures['accepted_with_writes']}, more than one request {figures['accepted_multi_request']}; controls "
@@ -95,6 +101,9 @@ def main() -> None:
     print("tasks whose best entry holds at least this share of their argument calls:",
           report["best_call_share_at_least"])
     print("tasks with a request at least this similar to a BFCL user turn:", report["best_ratio_at_least"])
+    for row in figures["sharing_calls"]:
+        print(f"  {row['task_id']}: {row['best_call_share']} of its argument calls in {row['best_entry']}: "
+              f"{', '.join(row['shared'])}")
     if args.llm_tasks:
         figures["embedded"] = embedded_rollouts(args.llm_tasks, args.seed)
         e = figures["embedded"]
