@@ -173,6 +173,17 @@ VALUES = {
     "cityB": ["02140", "94016"],
     "destination": list(_CITIES[3:]),
     "messages": [["Tyre check done"], ["Left for the depot", "Fuel topped up"]],
+    # numbers in the ranges the classes accept (a pedal position is 0-1, a tank holds 50 gallons)
+    "pedalPosition": [1.0, 0.6],
+    "fuelAmount": [4.5, 12.0],
+    "speed": [45.0, 65.0],
+    "distanceToNextVehicle": [60.0, 85.0],
+    "temperature": [19.5, 23.0],
+    "travel_date": ["2027-04-18", "2027-09-02"],
+    "expiration_date": ["08/2029"],
+    "card_number": ["4111-2043-8876-1290"],
+    "cardholder_name": ["Odile Halvorsen"],
+    "card_verification_number": [482],
 }
 # parameters that take what another one takes (``mv``'s ``source`` is a file's name)
 ALIASES = {"mv.source": "file_name", "cp.source": "file_name", "mv.destination": "folder",

@@ -62,7 +62,7 @@ def bfcl_synthesis_source(*, name: str = "bfcl", root: Path | None = None) -> Ob
             params.setdefault("properties", {})
             # BFCL opens every description with its class's blurb; a request is phrased from the first sentence
             text = re.sub(r"^This tool belongs to .*?\. Tool description: ", "", doc.get("description", ""), flags=re.S)
-            docs[doc["name"]] = {"description": text, "parameters": params,
+            docs[doc["name"]] = {"description": text, "parameters": with_enums(params),
                                  "returns": bfcl_schema(doc["response"]) if isinstance(doc.get("response"), dict) else None}
     config = {"kind": "factory", "factory": f"{module.stem}:make_instances", "docs": docs,
               "values": bfcl_states.VALUES, "aliases": bfcl_states.ALIASES, "error_results": True}
@@ -70,6 +70,25 @@ def bfcl_synthesis_source(*, name: str = "bfcl", root: Path | None = None) -> Ob
                         description="BFCL v4's multi-turn APIs with fresh states: a file system, a trading bot, travel "
                                     "booking, vehicle control, messaging, posting, tickets and math",
                         read_only=(str(module), os.path.realpath(root)), paths=(str(module.parent), str(root)))
+
+
+def with_enums(schema: dict[str, Any]) -> dict[str, Any]:
+    """BFCL states a closed list in a property's description (``[Enum]: ["on", "off", "auto"]``); as ``enum`` the
+    sampler draws from it and the schema check holds an agent to it."""
+    props = {}
+    for name, prop in (schema.get("properties") or {}).items():
+        m = re.search(r"\[Enum\]:\s*(\[[^\]]*\])", str(prop.get("description", "")))
+        values = None
+        if m:
+            try:
+                values = json.loads(m.group(1))
+            except ValueError:
+                values = None
+        if isinstance(values, list) and values and all(isinstance(v, str) for v in values) and \
+                prop.get("type", "string") == "string":
+            prop = {**prop, "enum": values}
+        props[name] = prop
+    return {**schema, "properties": props}
 
 
 def tool_classes(root: Path | None = None) -> dict[str, str]:

@@ -75,6 +75,9 @@ def test_every_environment_holds_the_8_classes_with_bfcls_docs_as_schemas(source
         assert set(env.specs) == set(tool_classes())
         assert env.specs["cd"].record.parameters["required"] == ["folder"]
         assert not env.specs["cd"].record.description.startswith("This tool belongs")
+        # BFCL writes a closed list into the description; the schema says it, so the sampler draws from it
+        assert env.specs["setHeadlights"].record.parameters["properties"]["mode"]["enum"] == ["on", "off", "auto"]
+        assert env.specs["get_ticket"].record.returns["properties"]["id"]["type"] == "integer"
         tables = set(env.rows())
         assert {"GorillaFileSystem.root", "TicketAPI.ticket_queue", "TradingBot.stocks", "MessageAPI.user_map",
                 "TravelAPI.credit_card_list", "VehicleControlAPI"} <= tables
