@@ -181,17 +181,18 @@ class ObjectSource(PluginSource):
 def object_source(ref: str, *, search_path: list[str] | None = None, name: str | None = None,
                   description: str | None = None, docs: dict[str, dict[str, Any]] | None = None,
                   limits: PluginLimits = PluginLimits(), reserved_names: frozenset[str] = frozenset(),
-                  extra_paths: tuple[str, ...] = ()) -> ObjectSource:
+                  extra_paths: tuple[str, ...] = (), values: dict[str, list[Any]] | None = None) -> ObjectSource:
     """The object environment a user's factory makes: ``package.module:make_env`` (called with the seed) or
     ``package.module:Class`` (called with ``seed=`` if it takes one, else with nothing).
 
     The code is found on ``search_path`` without being imported (:func:`envs.plugin.locate`); the worker reads its
     top-level package (or module file) and ``extra_paths``. ``docs`` (``{tool: {description, parameters}}``) give
-    the tools' schemas; without them a method's signature and docstring do.
+    the tools' schemas; without them a method's signature and docstring do. ``values`` (``{tool.param or param:
+    [values]}``) are argument values for parameters the state does not supply (a new item's name).
     """
     location = locate(ref, search_path)
     label = name or location.qualname.split(".")[-1]
-    config = {"kind": "factory", "factory": location.ref, "docs": docs or {}}
+    config = {"kind": "factory", "factory": location.ref, "docs": docs or {}, **({"values": values} if values else {})}
     return ObjectSource(location, config, name=label, description=description or f"Python objects made by {ref}",
                         read_only=(location.top, *extra_paths),
                         paths=(location.root, *(p for p in extra_paths if os.path.isdir(p))),

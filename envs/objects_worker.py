@@ -273,27 +273,105 @@ def public_methods(cls):
 
 # --- the host ----------------------------------------------------------------------------------------------------------
 
-def state_values(instances, param):
-    """Values for parameter ``param`` from the state: those stored under a key named ``param`` and the keys
-    of dicts stored under ``param`` + ``s`` (``jar`` takes the keys of ``jars``), first seen first."""
-    found = {}
+# words that name the same kind of thing (a parameter ``folder`` takes the names of ``Directory`` objects)
+SYNONYMS = {"folder": ("directory", "dir"), "dir": ("directory", "folder"), "directory": ("dir", "folder"),
+            "receiver": ("user", "contact"), "recipient": ("user", "contact"), "sender": ("user", "contact"),
+            "user": ("account", "member")}
+NAMING_FIELDS = ("name", "id", "title", "key", "symbol", "username")
 
-    def walk(value, depth=0):
+
+def name_tokens(name):
+    """``fileName1`` / ``file_name1`` -> ``["file", "name"]``: lower-case words, trailing digits dropped."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(name))
+    return [t for t in (re.sub(r"\d+$", "", w).lower() for w in re.split(r"[^A-Za-z0-9]+", spaced)) if t]
+
+
+def kind_matches(word, kind_words):
+    """Whether a parameter's qualifier (``ticket`` of ``ticket_id``) names a kind (``ticket_queue``, ``Directory``):
+    a word of the kind equal to it or starting with it (plurals, ``dir`` of ``directory``), or a synonym's."""
+    for w in (word, *SYNONYMS.get(word, ())):
+        if len(w) < 3:
+            continue
+        if any(k == w or k.startswith(w) or (len(k) >= 3 and w.startswith(k) and len(w) - len(k) <= 2)
+               for k in kind_words):
+            return True
+    return False
+
+
+def state_values(instances, param):
+    """Values for parameter ``param`` from the state, first seen first:
+
+    - values stored under a key named ``param`` (``symbol`` takes every order's ``symbol``);
+    - keys of dicts stored under ``param`` + ``s`` (``jar`` takes the keys of ``jars``);
+    - for ``<kind>_<field>`` (``ticket_id``, ``file_name``, ``dirName``) the ``field`` of every record of that kind:
+      a record is an object (its kind: its class, ``File``) or a dict inside a container (its kind: the
+      container's attribute, ``ticket_queue``); a container keyed by the records' ids (``credit_card_list``)
+      gives its keys, a plain map named like the kind (``user_map``: name -> id) its values for an id and its
+      keys otherwise;
+    - for a bare kind (``folder``) the naming field (name, id, title, ...) of its records.
+
+    A kind matches when one of its words starts with the parameter's word or a synonym of it (``SYNONYMS``)."""
+    found = {}
+    words = name_tokens(param)
+    qualifier, field = (words[:-1], words[-1]) if len(words) > 1 else (words, None)
+    qualifier = qualifier[-1] if qualifier else ""
+
+    def add(v):
+        if isinstance(v, (str, int)) and not isinstance(v, bool) and v != "":
+            found.setdefault(json.dumps(v), v)
+
+    def record(rec, kind_words):
+        if not qualifier or not kind_matches(qualifier, kind_words):
+            return
+        fields = (field,) if field else NAMING_FIELDS
+        for f in fields:
+            for k, v in rec.items():
+                if k != "__class__" and name_tokens(k) in ([f], words):
+                    add(v)
+
+    def walk(value, owner, depth=0, in_record=False):
         if depth > 12:
             return
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if k == param and isinstance(v, (str, int)) and not isinstance(v, bool):
-                    found.setdefault(json.dumps(v), v)
-                if k in (f"{param}s", f"{param}es") and isinstance(v, dict):
-                    for key in v:
-                        found.setdefault(json.dumps(key), key)
-                walk(v, depth + 1)
-        elif isinstance(value, list):
+        if isinstance(value, list):
             for v in value:
-                walk(v, depth + 1)
+                if isinstance(v, dict) and "__class__" not in v and owner:
+                    record(v, owner)
+                walk(v, owner, depth + 1, in_record=isinstance(v, dict))
+            return
+        if not isinstance(value, dict):
+            return
+        for k, v in value.items():
+            if k == param and isinstance(v, (str, int)) and not isinstance(v, bool):
+                found.setdefault(json.dumps(v), v)
+            if k in (f"{param}s", f"{param}es") and isinstance(v, dict):
+                for key in v:
+                    found.setdefault(json.dumps(key), key)
+        kind = value.get("__class__")
+        inner = [v for k, v in value.items() if k != "__class__"]
+        if isinstance(kind, str):  # an object: its attributes name what they hold
+            record(value, name_tokens(kind))
+        elif owner and inner and all(isinstance(v, dict) for v in inner):  # records keyed by their ids
+            for v in inner:
+                if "__class__" not in v:
+                    record(v, owner)
+            if qualifier and kind_matches(qualifier, owner) and field in (None, "id", "key", "name") and not any(
+                    field in v for v in inner):
+                for key in value:
+                    add(key)
+            for v in inner:
+                walk(v, owner, depth + 1, in_record=True)
+            return
+        elif (not in_record and owner and inner and qualifier and kind_matches(qualifier, owner[:1])
+              and field in ("id", "name", None)
+              and all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in inner)):
+            for key, v in value.items():  # a plain map (name -> id): an id parameter takes the values
+                add(v if field == "id" else key)
+        for k, v in value.items():
+            if k != "__class__":
+                walk(v, name_tokens(k), depth + 1)
 
-    walk({label: plain(inst) for label, inst in instances.items()})
+    for label, inst in instances.items():
+        walk(plain(inst), name_tokens(label))
     return list(found.values())[:200]
 
 
@@ -337,6 +415,9 @@ class Host:
         else:
             self.classes = {label: resolve(ref) for label, ref in config["classes"].items()}
         self.tools = None  # tool -> (label, method name), known after describe
+        self.schemas = {}  # tool -> its parameters' JSON schema
+        # a result that is only {"error": ...} (how BFCL's classes refuse) counts as the call's error
+        self.error_results = bool(config.get("error_results"))
 
     # instances ---------------------------------------------------------------------------------------------------
     def make(self, seed):
@@ -407,16 +488,18 @@ class Host:
                 doc = self.docs.get(name)
                 if doc is not None:
                     record["description"], record["parameters"] = doc["description"], doc["parameters"]
+                    record["returns"] = doc.get("returns")
                 elif self.docs:
                     continue  # docs given: a method they do not describe is not a tool
                 owners[name] = (label, fn.__name__)
                 order = record.pop("order")
-                tools.append({"record": {**record, "returns": None, "source": f"objects:{self.config['name']}",
+                tools.append({"record": {"returns": None, **record, "source": f"objects:{self.config['name']}",
                                          "implementation": f"{cls.__module__}:{cls.__qualname__}.{fn.__name__}",
                                          "mutates": True, "domain": self.config["name"]},
                               "method": fn.__name__, "phrase": "", "answer": "auto", "order": order,
                               "owner": label})
         self.tools = owners
+        self.schemas = {t["record"]["name"]: t["record"]["parameters"] for t in tools}
         self.probe_mutations(tools)
         for t in tools:  # as envs.base.generic_phrase: the first sentence, then the required parameters
             text = re.split(r"(?<=[.!?])\s|\n", t["record"]["description"].strip(), maxsplit=1)[0].rstrip(".!? ")
@@ -441,7 +524,11 @@ class Host:
             params = t["record"]["parameters"]
             args = {}
             for name in params.get("required", []):
-                values = state_values(base, name)
+                values = self.values_for(base, t["record"]["name"], name)
+                if not values:  # a number or a flag the state does not hold: any will do to see what the call does
+                    schema = params.get("properties", {}).get(name) or {}
+                    values = (schema.get("enum") or {"integer": [2], "number": [2.0], "boolean": [False]}.get(
+                        schema.get("type")) or [])
                 if not values:
                     break
                 args[name] = values[0]
@@ -451,8 +538,10 @@ class Host:
                     continue
                 copy = pickle.loads(pickle.dumps(base))
                 try:
-                    getattr(copy[label], method)(**args)
+                    result = getattr(copy[label], method)(**args)
                 except Exception:  # noqa: BLE001 - a failing probe proves nothing
+                    continue
+                if self.error_results and isinstance(result, dict) and list(result) == ["error"]:
                     continue
                 t["record"]["mutates"] = digest(flatten(copy)) != state
 
@@ -503,6 +592,9 @@ class Host:
         except Exception as exc:  # noqa: BLE001 - a tool's exception is the call's error, its writes undone
             env.instances = pickle.loads(before)
             return [None, f"Internal error in tool '{name}': {type(exc).__name__}: {exc}"[:2000]]
+        if self.error_results and isinstance(result, dict) and list(result) == ["error"]:
+            env.instances = pickle.loads(before)
+            return [None, str(result["error"])[:2000]]
         seen = self.observed.setdefault(name, [0, 0])
         seen[0] += 1
         seen[1] += digest(flatten(env.instances)) != state
@@ -530,7 +622,42 @@ class Host:
         return []
 
     def candidates(self, request):
-        return state_values(self.env(request).instances, request.get("param"))
+        """Values for ``param`` of ``tool``: from the state (:func:`state_values`, for an array each value alone and
+        in pairs), else from the source's ``aliases`` (``mv.source`` takes what ``file_name`` takes) and ``values``
+        (``tool.param`` or ``param``: fresh values no state holds, a new file's name)."""
+        return self.values_for(self.env(request).instances, request.get("tool"), request.get("param"))
+
+    def values_for(self, instances, tool, param):
+        given = self.config.get("values") or {}
+        aliases = self.config.get("aliases") or {}
+        alias = aliases.get(f"{tool}.{param}") or aliases.get(param)
+        schema = self.param_schema(tool, param)
+        names = [param, *([alias] if alias else [])]
+        if schema.get("type") == "array":
+            item = (schema.get("items") or {}).get("type")
+            names += [n[:-1] for n in names if n.endswith("s")] + [name_tokens(n)[-1].rstrip("s") for n in names]
+        # a method's arguments come first from its own instance's state (a file system's "destination" is a
+        # folder, not the car's), then from the others'
+        label = (self.tools or {}).get(tool, (None,))[0]
+        scopes = [{label: instances[label]}] if label in instances and len(instances) > 1 else []
+        specific = list(given.get(f"{tool}.{param}") or [])  # what this tool's parameter is meant to take
+        for scope in [*scopes, instances]:
+            for name in names:
+                found = state_values(scope, name)
+                if schema.get("type") == "array":
+                    found = [v for v in found if item is None or (item == "string") == isinstance(v, str)]
+                    if found:
+                        return specific + [[v] for v in found[:20]] + [
+                            found[i:i + 2] for i in range(0, min(len(found), 10) - 1, 2)]
+                elif found:
+                    return specific + [v for v in found if v not in specific]
+        return specific or list(given.get(param) or [])
+
+    def param_schema(self, tool, param):
+        if self.tools is None:
+            self.describe({})
+        schema = self.schemas.get(tool, {}).get("properties", {}).get(param)
+        return schema if isinstance(schema, dict) else {}
 
     def candidate_rows(self, _request):
         return []

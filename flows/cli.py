@@ -571,7 +571,8 @@ def build_parser(command: str | None = None) -> _Parser:
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
         p.add_argument("--objects", action="append", metavar="MODULE:FACTORY",
                        help="plain Python objects: package.module:factory (seed -> instances) or package.module:Class; "
-                            "public methods are the tools; runs sandboxed; repeatable")
+                            "public methods are the tools; runs sandboxed; repeatable. 'bfcl': BFCL's 8 multi-turn "
+                            "classes with fresh states")
         p.add_argument("--env-path", dest="env_path", metavar="DIR",
                        help="folder to find --env/--objects packages in before the Python path, e.g. examples/bookshop")
         endpoint_args(p, "every LLM role")

@@ -105,14 +105,16 @@ class EnvironmentSource(StrictModel):
     ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
     state; ``module``: ``package.module:Class`` or an entry-point name (group ``synthloop.environments``) of a
     ``Domain`` written like the built-in ones; ``objects``: ``package.module:factory`` (seed → instances) or
-    ``package.module:Class`` of plain Python objects (``envs.objects``). Plugins, object environments and MCP
+    ``package.module:Class`` of plain Python objects (``envs.objects``), or ``bfcl``: BFCL's 8 multi-turn classes with
+    fresh states (``generators.bfcl_synth``). Plugins, object environments and MCP
     servers run inside the sandbox boundary.
     """
 
     kind: SourceKind = Field(description="What ref is: a catalog file, an MCP server command, a Python domain, "
                              "or a factory of plain Python objects.")
     ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, "
-                     "package.module:Class / an entry-point name, or package.module:factory.")
+                     "package.module:Class / an entry-point name, or package.module:factory ('bfcl' for objects: "
+                     "BFCL's multi-turn classes with fresh states).")
     name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
                              description="Domain name the tasks carry (default: derived from ref).")
     state: str | None = Field(None, description="mcp: a folder copied as each server's initial working copy.")
@@ -121,7 +123,7 @@ class EnvironmentSource(StrictModel):
     env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
                                 "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
     values: dict[str, list[JsonValue]] = Field(
-        default_factory=dict, description="mcp: argument values for parameters no state supplies (a SQL query, a "
+        default_factory=dict, description="mcp, objects: argument values for parameters no state supplies (a SQL query, a "
         "time zone, a list of files), by parameter name or tool.param; with a model configured, it proposes such "
         "values too.")
     programs: list[str] = Field(default_factory=list, description="mcp: programs the server runs per call (git for "

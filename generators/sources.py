@@ -10,7 +10,8 @@ after it (sampler, task builder, controls, verifiers, agents, curation, training
 - ``module``: a user's ``Domain`` class (``package.module:Class`` or an entry point) runs in a worker inside the
   sandbox boundary (``envs.plugin``);
 - ``objects``: a user's plain Python classes (``package.module:factory``, seed → instances) run in a worker inside
-  the sandbox boundary (``envs.objects``);
+  the sandbox boundary (``envs.objects``); the ref ``bfcl`` names BFCL's 8 multi-turn classes with fresh states
+  (``generators.bfcl_synth``);
 - ``mcp``: an MCP server over stdio, one sandboxed process per environment instance (``envs.mcp``);
 - ``catalog`` of schemas only (OpenAI tools, JSON-schema / BFCL functions, an MCP listing): a model plays the
   tools (``envs.simulated``), in a run that has one; its tasks are labelled ``simulated/…``.
@@ -41,6 +42,7 @@ from envs import (
     get_domain,
 )
 from envs.simulated import SimulatedEnvironment
+from generators.bfcl_synth import BFCL_REF, bfcl_synthesis_source
 from generators.catalog import CatalogError, CatalogImport
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph, domain_graph
@@ -264,8 +266,11 @@ class ObjectsSource(ModuleSource):
         self.ref = source.ref
         self.name = source_name(source)
         try:
-            self.plugin = object_source(source.ref, search_path=search_path(source), name=self.name,
-                                        reserved_names=frozenset(DOMAINS))
+            if source.ref == BFCL_REF:  # BFCL's 8 multi-turn classes with fresh states (generators.bfcl_synth)
+                self.plugin = bfcl_synthesis_source(name=self.name)
+            else:
+                self.plugin = object_source(source.ref, search_path=search_path(source), name=self.name,
+                                            reserved_names=frozenset(DOMAINS), values=source.values or None)
             self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
         except Exception as exc:  # the code is untrusted: any failure to start it is its failure, reported
             raise SourceError(f"objects {source.ref}: {exc}") from None
@@ -368,7 +373,10 @@ def content_hash(source: EnvironmentSource, imported: CatalogImport | None = Non
         from envs.plugin import PluginError
 
         try:
-            digest.update(object_source(source.ref, search_path=search_path(source)).content_hash.encode())
+            if source.ref == BFCL_REF:
+                digest.update(bfcl_synthesis_source().content_hash.encode())
+            else:
+                digest.update(object_source(source.ref, search_path=search_path(source)).content_hash.encode())
         except FileRefused as exc:
             raise SourceError(f"objects {source.ref}: {exc}") from None
         except (PluginError, OSError):  # opening it reports the problem; the id still must be stable

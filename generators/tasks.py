@@ -174,8 +174,9 @@ class PlanSampler:
                         if not isinstance(node, list) or not node:
                             return None
                         key = rng.randrange(len(node))
-                    if not isinstance(node, (dict, list)) or (isinstance(node, dict) and key not in node):
-                        return None  # an optional field this result left out: nothing to bind
+                    if not isinstance(node, (dict, list)) or (isinstance(node, dict) and key not in node) or (
+                            isinstance(node, list) and not isinstance(key, int)):
+                        return None  # an optional field this result left out (or a result unlike its schema)
                     concrete.append(key)
                     node = node[key]
                 fixed[param] = ({"$ref": parent.id, "path": concrete}, node)
@@ -236,7 +237,10 @@ class PlanSampler:
         work = self.base.fork()
         initial = work.rows()
         steps: list[ExecutedStep] = []
-        for root in self._weighted(list(self.specs), rng):
+        roots = list(self.specs)
+        if depth > 1:  # a root whose results feed no other tool cannot start a chain (most tools of a wide catalog)
+            roots = [t for t in roots if any(v != t for v in self.graph.successors(t))] or roots
+        for root in self._weighted(roots, rng):
             step = self._try_step(work, steps, root, {}, rng)
             if step is not None:
                 steps.append(step)
@@ -632,6 +636,8 @@ def sample_task(
     the corpus towards shallow tasks.
     """
     depth = rng.randint(sampler.config.depth_min, sampler.config.depth_max)
+    # a depth the graph cannot reach would only fail (a catalog whose results feed few parameters)
+    depth = min(depth, max(sampler.config.depth_min, sampler.reachable_depth))
     for attempt in range(attempts):
         sampled = sampler.sample(rng, depth)
         if sampled is None:

@@ -23,6 +23,7 @@ from pydantic import Field, model_validator
 
 from envs import ToolEnvironment
 from generators.agents import ScriptedUser, arun_episode
+from generators.bfcl_synth import BFCL_REF, MultiTurnOverlap, task_calls
 from generators.config import CORPUS_CODE, code_version
 from generators.embedded import GGUF_SHA256
 from generators.llm import EMBEDDED, Budget, BudgetExceeded, EndpointConfig, Endpoints, RequestCache, Sampling
@@ -91,6 +92,15 @@ class DedupConfig(StrictModel):
     benchmark: str | None = Field("bfcl", description="Decontaminate against the BFCL questions of the shared folder; "
                                   "null = skip. A folder path is read as a BFCL folder.")
     ngram: int = Field(8, ge=3, le=32, description="Word n-gram length of the contamination match.")
+    multi_turn: Literal["auto", "on", "off"] = Field(
+        "auto", description="Decontaminate against BFCL's four multi-turn categories too (their user turns by n-gram, "
+        "their ground-truth calls by call overlap); auto: when a curated run synthesized on BFCL's classes "
+        "(--objects bfcl). Reads the pinned bfcl-eval wheel (fetched once).")
+    call_overlap: float = Field(0.5, gt=0, le=1, description="A task overlaps a BFCL multi-turn entry when at least this "
+                                "share of its calls that take arguments (and 2 of them, or all if fewer) are calls of "
+                                "the entry's ground truth, name and arguments equal.")
+    fuzzy_ratio: float = Field(90.0, gt=0, le=100, description="A request at least this similar (rapidfuzz ratio, "
+                               "0-100) to one of BFCL's multi-turn user turns overlaps that entry (a reworded copy).")
 
 
 class CurateConfig(StrictModel):
@@ -100,7 +110,8 @@ class CurateConfig(StrictModel):
     the same command resumes, and a new model version starts a new run whose rows sit beside the old ones.
     """
 
-    CODE_SCOPE: ClassVar[tuple[str, ...]] = (*CORPUS_CODE, "stages/curate.py", "storage/dedup.py")
+    CODE_SCOPE: ClassVar[tuple[str, ...]] = (*CORPUS_CODE, "stages/curate.py", "storage/dedup.py",
+                                             "generators/bfcl_synth.py")
 
     run_name: RunName = Field("curate", description=f"Name of the run; with the config's hash it forms the run "
                                                    f"id. {RUN_NAME_HELP}")
@@ -495,10 +506,20 @@ def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[
             raise FileNotFoundError(f"no BFCL_*.json questions under {root}; set dedup.benchmark to null to skip "
                                     "decontamination, or SYNTHLOOP_SHARED to the shared folder")
         index = Contamination(items, n=cfg.ngram)
+    multi = None
+    if cfg.multi_turn == "on" or (cfg.multi_turn == "auto" and any(
+            s.get("kind") == "objects" and s.get("ref") == BFCL_REF
+            for r in runs for s in ((corpus.manifest(r).get("config") or {}).get("environments") or []))):
+        multi = MultiTurnOverlap.load(n=cfg.ngram, threshold=cfg.call_overlap, ratio=cfg.fuzzy_ratio)
+    overlaps = []
     now = time.time()
     rows = []
     for t, d in zip(tasks, found):
         hits = index.match(" ".join(t["requests"])) if index else []
+        if multi is not None:
+            overlap = multi.match(list(t["requests"]), task_calls(t))
+            overlaps.append(overlap)
+            hits = sorted(set(hits) | set(overlap.items))
         rows.append({"task_id": t["task_id"], "run_id": t["run_id"], "curate_run_id": run_id, "measured_at": now,
                      "content_hash": d.content_hash, "exact_of": d.exact_of, "near_of": d.near_of,
                      "cluster": d.cluster, "duplicate": d.cluster != d.key, "contaminated": bool(hits),
@@ -507,6 +528,8 @@ def dedup_rows(corpus: Corpus, config: CurateConfig, run_id: str) -> tuple[list[
                "near_duplicates": sum(r["near_of"] is not None for r in rows),
                "clusters": len({r["cluster"] for r in rows}), "contaminated": sum(r["contaminated"] for r in rows),
                "benchmark_items": len(index) if index else 0, "seconds": round(time.perf_counter() - start, 3)}
+    if multi is not None:
+        summary["bfcl_multi_turn"] = multi.report(overlaps)
     return rows, summary
 
 class CurateStage(Stage):

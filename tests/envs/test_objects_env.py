@@ -267,3 +267,45 @@ def test_bfcl_function_docs_become_json_schema():
     assert bfcl_schema(doc) == {"type": "object", "properties": {"n": {"type": "number"},
                                                                  "xs": {"type": "array", "items": {"type": "array"}},
                                                                  "v": {}}, "required": ["n"]}
+
+
+def test_argument_values_come_from_records_of_the_kind_a_parameter_names(tmp_path):
+    name, root = package(tmp_path, '''
+        class Book:
+            def __init__(self, title, pages):
+                self.title = title
+                self.pages = pages
+
+        class Library:
+            def __init__(self):
+                self.shelf = [Book("Dune", 412), Book("Emma", 320)]
+                self.loans = {"L-7": {"book": "Emma", "days": 14}}
+                self.members = {"ann": "M01", "bo": "M02"}
+                self.destination = "Lisbon"
+
+            def lend(self, book_title: str, member_id: str) -> str:
+                """Lend a book."""
+                return f"{book_title} -> {member_id}"
+
+            def extend_loan(self, loan_id: str) -> int:
+                """Extend a loan."""
+                self.loans[loan_id]["days"] += 7
+                return self.loans[loan_id]["days"]
+
+            def greet(self, member: str) -> str:
+                """Greet a member by name."""
+                return member
+
+        def make(seed):
+            return Library()
+    ''')
+    source = object_source(f"{name}.things:make", search_path=[str(root)])
+    try:
+        env = source.open(0)
+        assert env.candidates("book_title", "lend") == ["Dune", "Emma"]  # the title of each Book object
+        assert env.candidates("member_id", "lend") == ["M01", "M02"]  # a name -> id map: its ids
+        assert env.candidates("member", "greet") == ["ann", "bo"]  # ... and its names for a bare kind
+        assert env.candidates("loan_id", "extend_loan") == ["L-7"]  # records keyed by their ids: the keys
+        assert env.candidates("destination", "lend") == ["Lisbon"]  # a value stored under the parameter's name
+    finally:
+        source.close()
