@@ -8,9 +8,12 @@ import csv
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from flows.options import Shortcut, UsageError, add_model_options, build_config
 from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
@@ -740,8 +743,21 @@ def build_parser(command: str | None = None) -> _Parser:
     return parser
 
 
+def stop_on_sigterm() -> None:
+    """Make SIGTERM unwind the stack like Ctrl-C does: ``with``/``finally`` blocks run, so a server the command
+    started (the embedded model, a sandboxed worker) stops with it instead of being left behind. Python's default
+    for SIGTERM is to die at once, skipping them."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     apply_offline_env()
+    stop_on_sigterm()
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_of(argv)
     args = None
