@@ -867,6 +867,57 @@ def _link_chain(path: str) -> list[str]:
     return chain
 
 
+_INTERPRETERS = re.compile(r"^(node|nodejs|python[0-9.]*|pypy[0-9.]*|bun|deno)$")
+_NETWORK_RUNNERS = ("npx", "uvx", "pipx", "bunx")
+
+
+def _script_arguments(executable: str, args: list[str]) -> tuple[list[str], list[str]]:
+    """The arguments with an interpreter's script made absolute (``node dist/index.js`` is run from the sandbox's
+    own folder, where a relative path names nothing), and the scripts so found. Only the first word that is not an
+    option, and only for an interpreter (node, python, bun, deno): other arguments are the server's own business."""
+    if not _INTERPRETERS.match(os.path.basename(executable)):
+        return args, []
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg.startswith("-"):
+            if arg in ("-m", "-c", "-e", "--eval", "-p", "--print"):  # a module or code, not a file
+                return out, []
+            continue
+        if "{workdir}" in arg or not os.path.isfile(arg):
+            return out, []
+        out[i] = os.path.abspath(arg)
+        return out, [out[i]]
+    return out, []
+
+
+def _script_paths(script: str) -> list[str]:
+    """What a script needs to be seen inside, read-only: the links on the way to it, its package (the nearest
+    folder above it with a ``package.json`` or ``pyproject.toml``, else its own folder) and every ``node_modules``
+    folder Node.js would look in from there (``…/node_modules`` of each folder above it, as an npm workspace
+    hoists them)."""
+    out = _link_chain(script)
+    real = os.path.realpath(script)
+    parts = real.split(os.sep)
+    if "node_modules" in parts:  # an installed package: the whole tree it imports from
+        out.append(os.sep.join(parts[:parts.index("node_modules") + 1]))
+        return out
+    folder = os.path.dirname(real)
+    package = folder
+    for up in [folder, *Path(folder).parents]:
+        up = str(up)
+        if up in ("/", os.path.expanduser("~")) or up == str(Path.home()):
+            break
+        if any(os.path.isfile(os.path.join(up, marker)) for marker in ("package.json", "pyproject.toml")):
+            package = up
+            break
+    out.append(package)
+    for up in [package, *map(str, Path(package).parents)]:
+        candidate = os.path.join(up, "node_modules")
+        if os.path.isdir(candidate):
+            out.append(candidate)
+    return out
+
+
 def _venv_of(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     for up in (folder, os.path.dirname(folder)):
@@ -922,6 +973,11 @@ class MCPServer:
         if not template:
             raise MCPError("MCP server command is empty")
         self.command = command
+        if os.path.basename(template[0]) in _NETWORK_RUNNERS:
+            raise MCPError(f"MCP server `{command}`: {template[0]} fetches and installs packages when it runs, and the "
+                           "sandbox has no network; install the server first (`npm install PACKAGE` gives "
+                           "node_modules/.bin/NAME; `pip install` into a venv gives venv/bin/NAME) and give that "
+                           "program instead")
         executable = _find_executable(template[0])
         if executable is None:
             raise MCPError(f"MCP server `{command}`: {template[0]!r} is not found (looked in {server_home()}/*/bin and "
@@ -983,6 +1039,9 @@ class MCPServer:
         with open(executable, "rb") as f:
             head = f.read(256)
         visible = [executable]
+        args, scripts = _script_arguments(executable, args)
+        for script in scripts:
+            visible += _script_paths(script)
         argv = [executable, *args]
         if head.startswith(b"#!"):
             words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
@@ -994,11 +1053,7 @@ class MCPServer:
             visible += [words[0], *binary_closure(os.path.realpath(words[0]))]
             # a script from an npm install (bin/x → node_modules/pkg/dist/index.js): the links to it and the whole
             # node_modules tree it imports from, read-only
-            visible += _link_chain(executable)
-            real = os.path.realpath(executable)
-            parts = real.split(os.sep)
-            if "node_modules" in parts:
-                visible.append(os.sep.join(parts[:parts.index("node_modules") + 1]))
+            visible += _script_paths(executable)
         else:
             visible += binary_closure(executable)
         venv = _venv_of(argv[0])
