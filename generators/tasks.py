@@ -50,6 +50,15 @@ ValueProposer = Callable[[str, str, dict[str, Any], "ToolEnvironment", int], Any
 SHARED_ENTITIES = frozenset({"room", "product", "payee"})
 SAMPLE_ATTEMPTS = 16
 
+FAILURE_REASONS = {
+    "no_first_call": "no tool could be called first: every one lacked a value for a required argument or failed",
+    "chain_ended": "the plan could not be grown to the drawn depth: no next tool took a value from the last result",
+    "write_undetectable": "leaving one write out reached the same final state: no verifier could tell it was done",
+    "no_answer": "the plan wrote nothing and its last results have no scalar a user could ask for",
+    "no_matching_variant": "no plan sampled matched the parent's signature (variants of a closed-loop run)",
+}
+"""Why a draw made no task, by the code recorded in ``sample_failures`` (each attempt has one)."""
+
 
 @dataclass
 class ExecutedStep:
@@ -97,6 +106,8 @@ class PlanSampler:
         self.usage = usage if usage is not None else Counter()
         self.specs: dict[str, ToolSpec] = env.specs
         self.propose = propose
+        self.failure: tuple[str, str] | None = None  # why the last sample() gave None: (reason code, detail)
+        self._problem = ""  # the last call that could not be made, for the detail of a failure
 
     @cached_property
     def reachable_depth(self) -> int:
@@ -143,6 +154,7 @@ class PlanSampler:
             value = row[param] if param in row else self._literal(work, tool, param, pschema, rng, values)
             if value is None:
                 if required:
+                    self._problem = f"{tool}: no value for its required argument {param!r}"
                     return None
                 continue
             args[param] = values[param] = value
@@ -180,6 +192,8 @@ class PlanSampler:
             if any(s.tool == tool and s.values == values for s in steps):
                 continue  # the same call twice adds nothing
             result, error = work.execute(tool, values)
+            if error is not None:
+                self._problem = f"{tool} failed: {str(error)[:160]}"
             if error is None:
                 parents = sorted({p.id for p, _ in refs.values()})
                 level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
@@ -227,6 +241,7 @@ class PlanSampler:
         cfg = self.config
         # a depth the graph cannot reach would only fail; a user's catalog may have short chains only
         depth = depth or min(rng.randint(cfg.depth_min, cfg.depth_max), max(cfg.depth_min, self.reachable_depth))
+        self.failure, self._problem = None, ""
         work = self.base.fork()
         initial = work.rows()
         steps: list[ExecutedStep] = []
@@ -236,10 +251,15 @@ class PlanSampler:
                 steps.append(step)
                 break
         if not steps:
+            self.failure = ("no_first_call", self._problem)
             return None
         while len(steps) < depth:
+            self._problem = ""
             step = self._extend(work, steps, steps[-1], rng, depth - 1)
             if step is None:
+                self.failure = ("chain_ended", f"after {' → '.join(s.tool for s in steps)} (depth {depth})"
+                                + (f"; {self._problem}" if self._problem else
+                                   f"; {steps[-1].tool} feeds no other tool in the graph"))
                 return None
             steps.append(step)
         if cfg.max_width > 1 and rng.random() < cfg.nonlinear_share:
@@ -259,15 +279,18 @@ class PlanSampler:
                             break
                 if step is not None:
                     steps.append(step)
-        if not self._writes_all_matter(steps, work.state_hash()):
+        undetectable = self._undetectable_write(steps, work.state_hash())
+        if undetectable is not None:
+            self.failure = ("write_undetectable", f"{undetectable.tool}({undetectable.values}) changes nothing "
+                            f"the other calls do not")
             return None
         for s in steps:
             self.usage[f"{self.graph.domain}.{s.tool}"] += 1
         return work, steps, initial
 
-    def _writes_all_matter(self, steps: list[ExecutedStep], final_hash: str) -> bool:
-        """False if leaving out one write, the other calls unchanged, reaches the same final state (a limit set
-        twice, share-then-unshare): no verifier could tell whether that write was done."""
+    def _undetectable_write(self, steps: list[ExecutedStep], final_hash: str) -> ExecutedStep | None:
+        """The write whose leaving out, the other calls unchanged, reaches the same final state (a limit set
+        twice, share-then-unshare): no verifier could tell whether it was done. None if every write matters."""
         for skipped in (s for s in steps if self.specs[s.tool].mutates):
             trial = self.base.fork()
             for s in steps:
@@ -276,8 +299,8 @@ class PlanSampler:
             same = trial.state_hash() == final_hash
             trial.close()  # a process-backed environment (an MCP server) is a process per fork
             if same:
-                return False
-        return True
+                return skipped
+        return None
 
 
 # --- from an executed plan to a task -------------------------------------------------------------------------
@@ -550,16 +573,24 @@ def sample_task(
     sampler_seed: int,
     code_check_share: float = 0.0,
     attempts: int = SAMPLE_ATTEMPTS,
+    failures: Counter | None = None,
 ) -> tuple[Task | None, int]:
     """Sample plans until one becomes a task; returns the task (None after ``attempts``) and the retries used.
 
     The depth is drawn once and kept across retries: deep plans fail more often, and redrawing it would skew
-    the corpus towards shallow tasks.
+    the corpus towards shallow tasks. A depth past the graph's longest chain is drawn as that chain's length:
+    no plan could reach it (a server with a few tools has short chains only).
+
+    Args:
+        failures: Where each failed attempt's ``(reason code, detail)`` is counted (``FAILURE_REASONS``).
     """
     depth = rng.randint(sampler.config.depth_min, sampler.config.depth_max)
+    depth = min(depth, max(sampler.config.depth_min, sampler.reachable_depth))
     for attempt in range(attempts):
         sampled = sampler.sample(rng, depth)
         if sampled is None:
+            if failures is not None:
+                failures[sampler.failure or ("chain_ended", "")] += 1
             continue
         work, steps, initial = sampled
         task = build_task(
@@ -569,6 +600,8 @@ def sample_task(
         )
         if task is not None:
             return task, attempt
+        if failures is not None:
+            failures[("no_answer", " → ".join(s.tool for s in steps))] += 1
     return None, attempts
 
 
