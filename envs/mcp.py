@@ -474,6 +474,7 @@ class _State:
     foreign_keys: list[tuple[str, str]]
     columns: dict[str, dict[str, list[Any]]]  # column name → table → its distinct values
     sqlite_tables: list[str]
+    paths: list[str] = field(default_factory=list)  # its files and folders, relative ("notes/todo.txt", "notes/")
 
 
 def _read_database(tree: dict[str, _Entry], rel: str) -> sqlite3.Connection:
@@ -517,6 +518,10 @@ def _folder_state(root: str) -> _State:
 def _tree_state(tree: dict[str, _Entry]) -> _State:
     budget = _Values()
     paths = [p for p, e in tree.items() if e.kind != "dir"]
+    # a folder that holds nothing is state too (create_directory made it); one that holds something is implied by
+    # its content. A repository's own folders are read as git tables, not as folders.
+    holding = {rel.rsplit("/", 1)[0] for rel in tree if "/" in rel}
+    folders = sorted(p for p, e in tree.items() if e.kind == "dir" and ".git" not in p.split("/"))
     kinds = {rel: "sqlite" for rel in paths if tree[rel].kind == "file" and tree[rel].data[:16] == _SQLITE_MAGIC}
     databases = [p for p in paths if kinds.get(p) == "sqlite"]
     side = {d + s for d in databases for s in _SQLITE_SIDE}
@@ -536,6 +541,9 @@ def _tree_state(tree: dict[str, _Entry]) -> _State:
             files[rel] = {"path": rel, "sha256": hashlib.sha256(entry.data).hexdigest(), "size": len(entry.data)}
         else:
             files[rel] = {"path": rel, "sha256": None, "size": None, "link": entry.target}
+    for rel in folders:
+        if rel not in holding:
+            files[rel + "/"] = {"path": rel + "/", "sha256": None, "size": None}
     fks: set[tuple[str, str]] = set()
     sqlite_tables: list[str] = []
     for rel in databases:
@@ -575,7 +583,8 @@ def _tree_state(tree: dict[str, _Entry]) -> _State:
     if files:
         rows["files"] = dict(sorted(files.items()))
         keys["files"] = ["path"]
-    return _State(rows, keys, sorted(fks), columns, sqlite_tables)
+    named = sorted(p for p in paths if ".git" not in p.split("/")) + [f + "/" for f in folders]
+    return _State(rows, keys, sorted(fks), columns, sqlite_tables, named)
 
 
 _GIT_INDEX_ENTRY = struct.Struct(">10I20sH")  # ctime, mtime (s, ns), dev, ino, mode, uid, gid, size; sha; flags
@@ -724,6 +733,14 @@ def _json_tables(tree: dict[str, _Entry], rel: str, rows: dict, keys: dict, colu
 
 def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
+
+
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "NULL" if value is None else str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _norm(name: str) -> str:
@@ -1383,7 +1400,65 @@ class MCPEnvironment:
             values.update(found)
         if values:
             return sorted(values, key=lambda v: (type(v).__name__, str(v)))[:500]
-        return self.source.given(tool, param)
+        return self.source.given(tool, param) or self._paths(tool, param) or self._statements(tool, param)
+
+    def _statements(self, tool: str | None, name: str) -> list[str]:
+        """For a parameter named like SQL (``query``, ``sql``, ``statement``) of a server whose working copy holds
+        a SQLite database: statements on its tables and rows, SELECTs for a tool that reads, UPDATE / DELETE of
+        one row (to a value the column holds elsewhere) for one that writes; execute-first keeps those the server
+        runs. A handful of rows per table, chosen by key, so the same state gives the same statements."""
+        if _norm(name) not in ("query", "sql", "statement", "sqlquery", "sqlstatement"):
+            return []
+        state = self._current()
+        writes = tool in self.specs and self.specs[tool].mutates
+        out: list[str] = []
+        for table in sorted(set(state.sqlite_tables)):
+            held = table if table in state.rows else next((n for n in state.rows if n.endswith(f":{table}")), None)
+            if held is None or not state.keys.get(held):
+                continue
+            rows = [state.rows[held][k] for k in sorted(state.rows[held])]
+            pk = state.keys[held]
+            quoted = _quote(table)
+            if not writes:
+                out.append(f"SELECT count(*) AS n FROM {quoted}")
+            for row in rows[:: max(1, len(rows) // 3)][:3]:
+                where = " AND ".join(f"{_quote(k)} = {_sql_literal(row.get(k))}" for k in pk)
+                if not writes:
+                    out.append(f"SELECT * FROM {quoted} WHERE {where}")
+                    continue
+                out.append(f"DELETE FROM {quoted} WHERE {where}")
+                for col, value in sorted(row.items()):
+                    other = next((r[col] for r in rows if r.get(col) not in (value, None)
+                                  and isinstance(r.get(col), (str, int, float))), None)
+                    if col not in pk and col != "rowid" and other is not None:
+                        out.append(f"UPDATE {quoted} SET {_quote(col)} = {_sql_literal(other)} WHERE {where}")
+                        break
+        return out[:60]
+
+    def _paths(self, tool: str | None, name: str) -> list[str]:
+        """For a parameter named like a path (``path``, ``source``, ``destination``, ``paths[]``): the working
+        copy's files and folders as the server knows them (under ``{workdir}`` where its command or environment
+        names it, else relative), and for a tool that writes, a new name beside each (a file to create, a folder
+        to make, a place to move to); execute-first keeps those the server accepts."""
+        last = _norm(re.split(r"[.\[\]]+", name.rstrip("[]"))[-1])
+        if last not in _PATH_WORDS and not last.endswith("path"):
+            return []
+        state = self._current()
+        rooted = any("{workdir}" in a for a in self.source.argv) or any("{workdir}" in v for _, v in self.source.env)
+        found = state.paths or []
+        if tool in self.specs and self.specs[tool].mutates:
+            made = set(found)
+            for rel in list(found):
+                folder, _, base = rel.rstrip("/").rpartition("/")
+                stem, dot, ext = base.partition(".")
+                fresh = f"{folder + '/' if folder else ''}{stem}-2{dot}{ext}" + ("/" if rel.endswith("/") else "")
+                if fresh not in made:
+                    made.add(fresh)
+                    found = [*found, fresh]
+        out = [(f"{WORKDIR}/{rel}" if rooted else rel).rstrip("/") for rel in found]
+        if rooted:
+            out.append(WORKDIR)
+        return out[:500]
 
     def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
         return []
@@ -1432,6 +1507,9 @@ class MCPEnvironment:
         value = given[variant % len(given)] if given else None
         if value is None and self.source.propose is not None:
             value = self.source.propose(tool, path, dict(leaves), self, variant)
+        if value is None and kind in (None, "string"):
+            named = self._paths(tool, path)
+            value = named[variant * 7919 % len(named)] if named else None
         if value is None:
             last = _norm(re.split(r"[.\[\]]+", path.rstrip("[]"))[-1])
             state = self._current().columns
@@ -1445,6 +1523,11 @@ class MCPEnvironment:
         if value is not None:
             leaves[path] = value
         return value
+
+
+_PATH_WORDS = frozenset({"path", "paths", "file", "files", "filename", "filepath", "source", "destination", "dest",
+                         "src", "target", "dir", "directory", "folder"})
+"""Parameter names (normalised, or ending in ``path``) that name a file or folder of the working copy."""
 
 
 def _kind(schema: dict[str, Any]) -> str | None:

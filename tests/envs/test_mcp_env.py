@@ -434,15 +434,24 @@ def test_the_memory_server_from_npm_runs_in_the_sandbox_on_its_memory_file(memor
 
 
 @needs_boundary
-def test_candidates_come_from_the_state_and_free_form_sql_has_none(sqlite_env, retail, servers, retail_state):
+def test_candidates_come_from_the_state_and_sql_from_the_database_s_tables(sqlite_env, retail, servers, retail_state):
     order_ids = sorted(retail.rows()["orders"])
     assert sqlite_env.candidates("order_id") == order_ids
     assert sqlite_env.candidates("table_name", "describe_table") == sorted(retail.tables())
-    assert sqlite_env.candidates("query", "read_query") == []
+    reads, writes = sqlite_env.candidates("query", "read_query"), sqlite_env.candidates("query", "write_query")
+    assert 'SELECT count(*) AS n FROM "orders"' in reads and all(q.startswith("SELECT") for q in reads)
+    assert writes and all(q.startswith(("UPDATE", "DELETE")) for q in writes)
+    for query in writes[:6]:  # each one a real change of one row, as the state diff sees it
+        with sqlite_env.fork() as env:
+            before = env.rows()
+            result, error = env.execute("write_query", {"query": query})
+            assert error is None and result == [{"affected_rows": 1}], (query, result, error)
+            changed = env.diff(before)
+            assert sum(len(c["updated"]) + len(c["deleted"]) + len(c["inserted"]) for c in changed.values()) >= 1
     assert sqlite_env.candidate_rows("read_query") == []
     given = mcp_source(SQLITE, state=retail_state, values={"read_query.query": ["SELECT 1"]})
     with given.open() as env:
-        assert env.candidates("query", "read_query") == ["SELECT 1"] and env.candidates("query", "write_query") == []
+        assert env.candidates("query", "read_query") == ["SELECT 1"]  # the user's values first
 
 
 @needs_boundary
