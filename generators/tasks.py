@@ -21,6 +21,7 @@ from typing import Any
 import networkx as nx
 
 from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
+from envs.datagen import value_for
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
@@ -77,6 +78,33 @@ def resolve(result: Any, path: list[Any]) -> Any:
     return result
 
 
+TEXT_PARAMS = frozenset({"content", "text", "body", "message", "note", "notes", "comment", "description", "title"})
+"""Free-text parameters (normalised names) a user's tool gets a plausible value for without a model."""
+_EXAMPLES = re.compile(r"\b(?:e\.\s?g\.|for example|such as|example:)[,:]?\s*((?:['\"`][^'\"`]{1,80}['\"`][\s,]*(?:or\s+|and\s+)?)+)",
+                       re.IGNORECASE)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def suggested_values(schema: dict[str, Any]) -> list[Any]:
+    """Values a parameter's own schema suggests: its ``examples``/``example``/``default``, the quoted examples
+    of its description ("IANA timezone name (e.g., 'America/New_York', 'Europe/London')"), a time for one
+    described as HH:MM."""
+    found: list[Any] = []
+    examples = schema.get("examples")
+    found += [e for e in examples if isinstance(e, (str, int, float))] if isinstance(examples, list) else []
+    found += [schema[k] for k in ("example", "default") if isinstance(schema.get(k), (str, int, float))
+              and not isinstance(schema.get(k), bool)]
+    text = schema.get("description") if isinstance(schema.get("description"), str) else ""
+    for clause in _EXAMPLES.findall(text):
+        found += re.findall(r"['\"`]([^'\"`]{1,80})['\"`]", clause)
+    if not found and re.search(r"\bHH:MM\b", text):
+        found = ["09:30", "14:00", "18:45"]
+    return list(dict.fromkeys(found))
+
+
 def noun(param: str) -> str:
     """How a request names a parameter: ``from_account_id`` → "account", ``new_city`` → "new city"."""
     if param.endswith("_id"):
@@ -99,8 +127,10 @@ class PlanSampler:
     """
 
     def __init__(self, env: ToolEnvironment, graph: ToolGraph, config: SamplingConfig, usage: Counter | None = None,
-                 propose: ValueProposer | None = None):
+                 propose: ValueProposer | None = None, free_text: bool = False):
         self.base = env
+        # a user's tools (no phrase templates, no seeded values for free arguments): values their schemas suggest
+        self.free_text = free_text
         self.graph = graph
         self.config = config
         self.usage = usage if usage is not None else Counter()
@@ -121,6 +151,9 @@ class PlanSampler:
             return rng.choice(candidates)
         if "enum" in schema:
             return rng.choice(schema["enum"])
+        suggested = suggested_values(schema) if self.free_text else []
+        if suggested:
+            return rng.choice(suggested)
         t = schema.get("type")
         t = next((x for x in t if x != "null"), None) if isinstance(t, list) else t
         if t == "integer":
@@ -132,6 +165,8 @@ class PlanSampler:
         if self.propose is not None and t in ("string", "array", "object", None):
             # free text no state supplies (a query, a message): a model proposes it, execute-first keeps it
             return self.propose(tool, param, dict(partial or {}), work, rng.randrange(3))
+        if self.free_text and t == "string" and _norm(param) in TEXT_PARAMS:
+            return value_for(schema, param, rng)  # a note's text, a message: plausible words by the name
         return None  # free text with no source in the state: not bindable
 
     def _bind(
@@ -620,7 +655,8 @@ def sample_tasks(
         name = env.domain_cls.name
         graph = (domain_graph(name) if name in DOMAINS else
                  ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys()))
-    sampler = PlanSampler(env, graph, config or SamplingConfig(), propose=propose)
+    sampler = PlanSampler(env, graph, config or SamplingConfig(), propose=propose,
+                          free_text=env.domain_cls.name not in DOMAINS)
     for i in range(n):
         rng = random.Random(f"{seed}/{i}")
         task, _ = sample_task(sampler, rng, task_id=f"{env.domain_cls.name}-{i}", run_id=run_id, batch=0,

@@ -102,7 +102,8 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         usage: Counter = Counter()
         propose = llm.propose_value if llm is not None else None
         samplers = {d: PlanSampler(envs[d], src.graph(), config.sampling, usage,
-                                   propose=propose if src.kind != "builtin" else None) for d, src in sources.items()}
+                                   propose=propose if src.kind != "builtin" else None,
+                                   free_text=src.kind != "builtin") for d, src in sources.items()}
         simulated = {d for d, src in sources.items() if src.simulated}
         rows = _Rows()
         llm_jobs = []
