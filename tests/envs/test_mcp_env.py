@@ -760,13 +760,14 @@ def _judge(env, task, rng, pause=0.0):
 
 @needs_boundary
 @pytest.mark.slow
-def test_tasks_on_the_sqlite_server_need_values_for_free_form_sql_and_then_pass_their_controls(servers, retail_state):
+def test_tasks_on_the_sqlite_server_take_sql_from_its_database_or_the_values_and_pass_their_controls(servers,
+                                                                                                   retail_state):
     _need(servers, "sqlite")
     config = SamplingConfig(depth_min=1, depth_max=1)
     with mcp_source(SQLITE, state=retail_state, name="retail_sql").open() as env:
-        # without SQL only list_tables and describe_table are callable: reads, inferred from their names
+        # no values: the queries are statements on the database's own rows
         tools = {s.tool for task, _ in sample_tasks(env, 3, config=config) for s in task.reference_plan}
-        assert tools and tools <= {"list_tables", "describe_table"}
+        assert tools & {"read_query", "write_query"}
     updates = ["UPDATE orders SET status = 'cancelled' WHERE order_id = 'O0003'",
                "UPDATE products SET price = price + 1 WHERE product_id = 'P0002'"]
     with mcp_source(SQLITE, state=retail_state, name="retail_sql", values={"write_query.query": updates}).open() as env:
