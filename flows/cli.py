@@ -130,7 +130,8 @@ class _MCPOption(argparse.Action):
     def __call__(self, parser, namespace, value, option_string=None):
         if option_string in ("--mcp-env", "--mcp-value") and "=" not in value:
             parser.error(f"{option_string} {value!r}: give NAME=VALUE")
-        getattr(namespace, "mcp", None) or setattr(namespace, "mcp", [])
+        if getattr(namespace, "mcp", None) is None:
+            namespace.mcp = []
         namespace.mcp.append((option_string, value))
 
 
