@@ -58,6 +58,15 @@ FAILURE_REASONS = {
     "no_answer": "the plan wrote nothing and its last results have no scalar a user could ask for",
     "no_matching_variant": "no plan sampled matched the parent's signature (variants of a closed-loop run)",
 }
+
+_DIFFERS = re.compile(r"tool message for (\S+) differs from the real result")
+
+
+def unstable_tools(verdict_detail: str, messages: list[dict[str, Any]]) -> set[str]:
+    """The tools whose result differed when the reference's calls were run again (the detail of its failed
+    ``observations`` check names the calls): their answers change from run to run."""
+    ids = set(_DIFFERS.findall(verdict_detail))
+    return {c["function"]["name"] for m in messages for c in (m.get("tool_calls") or []) if c.get("id") in ids}
 """Why a draw made no task, by the code recorded in ``sample_failures`` (each attempt has one)."""
 
 
@@ -131,6 +140,9 @@ class PlanSampler:
         self.base = env
         # a user's tools (no phrase templates, no seeded values for free arguments): values their schemas suggest
         self.free_text = free_text
+        # tools whose answers differ between two runs of the same calls (a clock, a file's access time): no
+        # verifier can check them, so once a reference shows it they are not sampled again
+        self.unstable: set[str] = set()
         self.graph = graph
         self.config = config
         self.usage = usage if usage is not None else Counter()
@@ -198,7 +210,8 @@ class PlanSampler:
     def _weighted(self, tools: list[str], rng: random.Random) -> list[str]:
         """Tools in a random order that favours the less used ones (inverse-usage weights)."""
         k = self.config.diversity
-        keyed = [(rng.random() ** (1.0 + k * self.usage[f"{self.graph.domain}.{t}"]), t) for t in tools]
+        keyed = [(rng.random() ** (1.0 + k * self.usage[f"{self.graph.domain}.{t}"]), t) for t in tools
+                 if t not in self.unstable]
         return [t for _, t in sorted(keyed, reverse=True)]
 
     def _try_step(
@@ -294,7 +307,10 @@ class PlanSampler:
             if step is None:
                 self.failure = ("chain_ended", f"after {' → '.join(s.tool for s in steps)} (depth {depth})"
                                 + (f"; {self._problem}" if self._problem else
-                                   f"; {steps[-1].tool} feeds no other tool in the graph"))
+                                   f"; {steps[-1].tool} feeds no other tool in the graph"
+                                   + (" whose answers stay the same from run to run"
+                                      if {t for t in self.graph.successors(steps[-1].tool) if t != steps[-1].tool}
+                                      else "")))
                 return None
             steps.append(step)
         if cfg.max_width > 1 and rng.random() < cfg.nonlinear_share:

@@ -19,7 +19,7 @@ from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage
 from generators.llm import USAGE_COUNTS
 from generators.sources import Source, domain_names, open_sources
-from generators.tasks import FAILURE_REASONS, PlanSampler, sample_task, task_id_for
+from generators.tasks import FAILURE_REASONS, PlanSampler, sample_task, task_id_for, unstable_tools
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
 from schemas import SCHEMA_VERSION, Task
 from stages.contract import Job, JobContext, JobResult, Stage
@@ -214,6 +214,9 @@ def _task(config: SynthesizeConfig, batch: int, index: int, envs: dict[str, Tool
     rows.timings["verify_s"] += time.perf_counter() - t2
     rows.counts["verifications"] += len(results)
     task.accepted, task.reject_reason = accept(results[0], results[1:])
+    if sampler.free_text and not results[0].passed:  # a user's tool that answers differently each run: not again
+        detail = "; ".join(c.detail for c in results[0].components if c.name == "observations" and not c.passed)
+        sampler.unstable |= unstable_tools(detail, reference.messages)
     rows.counts["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["controls_rejected"] += sum(not v.passed for v in results[1:])

@@ -141,3 +141,16 @@ def test_every_draw_that_makes_no_task_has_a_reason_in_the_summary_and_the_corpu
     assert [r[:3] for r in rows] == [("mcp_server_time", "chain_ended", 16)] * 2
     assert all(r[3].startswith("after ") and "(depth 6)" in r[3] for r in rows), rows
     assert summarize(corpus, config)["sample_failure_reasons"] == {"mcp_server_time": {"chain_ended": 2}}
+
+
+@pytest.mark.slow
+def test_a_tool_whose_answer_changes_from_run_to_run_is_not_sampled_again(servers):
+    """mcp-server-time's get_current_time reads the clock: a reference replayed later sees another time, so no
+    verifier can check it. Once one reference shows that, the batch samples the time server's other tool only."""
+    need_mcp_server(servers, "time")
+    config = SynthesizeConfig(n_tasks=6, batch_size=6, agents=SCRIPTED, sampling={"depth_max": 1},
+                              environments=[EnvironmentSource(kind="mcp", ref="mcp-server-time --local-timezone UTC")])
+    tasks = run_batch(config, 0).tables["tasks"]
+    clock = [t for t in tasks if "get_current_time" in t["signature"]["tools"]]
+    assert len(clock) <= 1 and all(not t["accepted"] and "observations" in t["reject_reason"] for t in clock)
+    assert sum(t["accepted"] for t in tasks) >= 3, [t["reject_reason"] for t in tasks]
