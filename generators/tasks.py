@@ -163,9 +163,6 @@ class PlanSampler:
             return rng.choice(candidates)
         if "enum" in schema:
             return rng.choice(schema["enum"])
-        suggested = suggested_values(schema) if self.free_text else []
-        if suggested:
-            return rng.choice(suggested)
         t = schema.get("type")
         t = next((x for x in t if x != "null"), None) if isinstance(t, list) else t
         if t == "integer":
@@ -177,6 +174,9 @@ class PlanSampler:
         if self.propose is not None and t in ("string", "array", "object", None):
             # free text no state supplies (a query, a message): a model proposes it, execute-first keeps it
             return self.propose(tool, param, dict(partial or {}), work, rng.randrange(3))
+        suggested = suggested_values(schema) if self.free_text else []
+        if suggested:  # no model: the examples the tool's own schema gives
+            return rng.choice(suggested)
         if self.free_text and t == "string" and _norm(param) in TEXT_PARAMS:
             return value_for(schema, param, rng)  # a note's text, a message: plausible words by the name
         return None  # free text with no source in the state: not bindable
