@@ -82,13 +82,18 @@ def main() -> None:
             reasons = collections.Counter(r["reason"] for r in result.tables["sample_failures"])
             for r in result.tables["sample_failures"][:args.show]:
                 print(f"{source['name']} draw {r['index']}: {r['reason']} {r['attempts']}: {r['detail']}", file=sys.stderr)
+            rejected = collections.Counter((t["reject_reason"] or "?").split(":")[0] for t in tasks if not t["accepted"])
+            for t in [t for t in tasks if not t["accepted"]][:args.show]:
+                print(f"{source['name']} rejected: {t['reject_reason']}\n  {t['goal']}", file=sys.stderr)
             rows.append((source["name"], args.tasks, len(tasks), len(accepted), len(writes),
-                         round(time.perf_counter() - t0, 1), dict(reasons)))
-        print("| server | draws | tasks | accepted | accepted with writes | seconds | why draws made no task |")
-        print("|---|---:|---:|---:|---:|---:|---|")
-        for name, draws, n, acc, w, secs, reasons in rows:
+                         round(time.perf_counter() - t0, 1), dict(reasons), dict(rejected)))
+        print("| server | draws | tasks | accepted | accepted with writes | seconds | why draws made no task "
+              "| why tasks were not accepted |")
+        print("|---|---:|---:|---:|---:|---:|---|---|")
+        for name, draws, n, acc, w, secs, reasons, rejected in rows:
             why = ", ".join(f"{k} {v}" for k, v in sorted(reasons.items(), key=lambda kv: -kv[1])) or "-"
-            print(f"| {name} | {draws} | {n} | {acc} | {w} | {secs} | {why} |")
+            why_not = ", ".join(f"{k} {v}" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1])) or "-"
+            print(f"| {name} | {draws} | {n} | {acc} | {w} | {secs} | {why} | {why_not} |")
 
 
 if __name__ == "__main__":
