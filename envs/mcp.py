@@ -474,6 +474,7 @@ class _State:
     foreign_keys: list[tuple[str, str]]
     columns: dict[str, dict[str, list[Any]]]  # column name → table → its distinct values
     sqlite_tables: list[str]
+    paths: list[str] = field(default_factory=list)  # its files and folders, relative ("notes/todo.txt", "notes/")
 
 
 def _read_database(tree: dict[str, _Entry], rel: str) -> sqlite3.Connection:
@@ -517,6 +518,10 @@ def _folder_state(root: str) -> _State:
 def _tree_state(tree: dict[str, _Entry]) -> _State:
     budget = _Values()
     paths = [p for p, e in tree.items() if e.kind != "dir"]
+    # a folder that holds nothing is state too (create_directory made it); one that holds something is implied by
+    # its content. A repository's own folders are read as git tables, not as folders.
+    holding = {rel.rsplit("/", 1)[0] for rel in tree if "/" in rel}
+    folders = sorted(p for p, e in tree.items() if e.kind == "dir" and ".git" not in p.split("/"))
     kinds = {rel: "sqlite" for rel in paths if tree[rel].kind == "file" and tree[rel].data[:16] == _SQLITE_MAGIC}
     databases = [p for p in paths if kinds.get(p) == "sqlite"]
     side = {d + s for d in databases for s in _SQLITE_SIDE}
@@ -536,6 +541,9 @@ def _tree_state(tree: dict[str, _Entry]) -> _State:
             files[rel] = {"path": rel, "sha256": hashlib.sha256(entry.data).hexdigest(), "size": len(entry.data)}
         else:
             files[rel] = {"path": rel, "sha256": None, "size": None, "link": entry.target}
+    for rel in folders:
+        if rel not in holding:
+            files[rel + "/"] = {"path": rel + "/", "sha256": None, "size": None}
     fks: set[tuple[str, str]] = set()
     sqlite_tables: list[str] = []
     for rel in databases:
@@ -575,7 +583,8 @@ def _tree_state(tree: dict[str, _Entry]) -> _State:
     if files:
         rows["files"] = dict(sorted(files.items()))
         keys["files"] = ["path"]
-    return _State(rows, keys, sorted(fks), columns, sqlite_tables)
+    named = sorted(p for p in paths if ".git" not in p.split("/")) + [f + "/" for f in folders]
+    return _State(rows, keys, sorted(fks), columns, sqlite_tables, named)
 
 
 _GIT_INDEX_ENTRY = struct.Struct(">10I20sH")  # ctime, mtime (s, ns), dev, ino, mode, uid, gid, size; sha; flags
@@ -726,6 +735,14 @@ def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
+def _sql_literal(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return "NULL" if value is None else str(int(value))
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return "'" + str(value).replace("'", "''") + "'"
+
+
 def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
@@ -867,6 +884,57 @@ def _link_chain(path: str) -> list[str]:
     return chain
 
 
+_INTERPRETERS = re.compile(r"^(node|nodejs|python[0-9.]*|pypy[0-9.]*|bun|deno)$")
+_NETWORK_RUNNERS = ("npx", "uvx", "pipx", "bunx")
+
+
+def _script_arguments(executable: str, args: list[str]) -> tuple[list[str], list[str]]:
+    """The arguments with an interpreter's script made absolute (``node dist/index.js`` is run from the sandbox's
+    own folder, where a relative path names nothing), and the scripts so found. Only the first word that is not an
+    option, and only for an interpreter (node, python, bun, deno): other arguments are the server's own business."""
+    if not _INTERPRETERS.match(os.path.basename(executable)):
+        return args, []
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg.startswith("-"):
+            if arg in ("-m", "-c", "-e", "--eval", "-p", "--print"):  # a module or code, not a file
+                return out, []
+            continue
+        if "{workdir}" in arg or not os.path.isfile(arg):
+            return out, []
+        out[i] = os.path.abspath(arg)
+        return out, [out[i]]
+    return out, []
+
+
+def _script_paths(script: str) -> list[str]:
+    """What a script needs to be seen inside, read-only: the links on the way to it, its package (the nearest
+    folder above it with a ``package.json`` or ``pyproject.toml``, else its own folder) and every ``node_modules``
+    folder Node.js would look in from there (``…/node_modules`` of each folder above it, as an npm workspace
+    hoists them)."""
+    out = _link_chain(script)
+    real = os.path.realpath(script)
+    parts = real.split(os.sep)
+    if "node_modules" in parts:  # an installed package: the whole tree it imports from
+        out.append(os.sep.join(parts[:parts.index("node_modules") + 1]))
+        return out
+    folder = os.path.dirname(real)
+    package = folder
+    for up in [folder, *Path(folder).parents]:
+        up = str(up)
+        if up in ("/", os.path.expanduser("~")) or up == str(Path.home()):
+            break
+        if any(os.path.isfile(os.path.join(up, marker)) for marker in ("package.json", "pyproject.toml")):
+            package = up
+            break
+    out.append(package)
+    for up in [package, *map(str, Path(package).parents)]:
+        candidate = os.path.join(up, "node_modules")
+        if os.path.isdir(candidate):
+            out.append(candidate)
+    return out
+
+
 def _venv_of(path: str) -> str | None:
     folder = os.path.dirname(os.path.abspath(path))
     for up in (folder, os.path.dirname(folder)):
@@ -922,6 +990,11 @@ class MCPServer:
         if not template:
             raise MCPError("MCP server command is empty")
         self.command = command
+        if os.path.basename(template[0]) in _NETWORK_RUNNERS:
+            raise MCPError(f"MCP server `{command}`: {template[0]} fetches and installs packages when it runs, and the "
+                           "sandbox has no network; install the server first (`npm install PACKAGE` gives "
+                           "node_modules/.bin/NAME; `pip install` into a venv gives venv/bin/NAME) and give that "
+                           "program instead")
         executable = _find_executable(template[0])
         if executable is None:
             raise MCPError(f"MCP server `{command}`: {template[0]!r} is not found (looked in {server_home()}/*/bin and "
@@ -983,6 +1056,9 @@ class MCPServer:
         with open(executable, "rb") as f:
             head = f.read(256)
         visible = [executable]
+        args, scripts = _script_arguments(executable, args)
+        for script in scripts:
+            visible += _script_paths(script)
         argv = [executable, *args]
         if head.startswith(b"#!"):
             words = head[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
@@ -994,11 +1070,7 @@ class MCPServer:
             visible += [words[0], *binary_closure(os.path.realpath(words[0]))]
             # a script from an npm install (bin/x → node_modules/pkg/dist/index.js): the links to it and the whole
             # node_modules tree it imports from, read-only
-            visible += _link_chain(executable)
-            real = os.path.realpath(executable)
-            parts = real.split(os.sep)
-            if "node_modules" in parts:
-                visible.append(os.sep.join(parts[:parts.index("node_modules") + 1]))
+            visible += _script_paths(executable)
         else:
             visible += binary_closure(executable)
         venv = _venv_of(argv[0])
@@ -1328,7 +1400,65 @@ class MCPEnvironment:
             values.update(found)
         if values:
             return sorted(values, key=lambda v: (type(v).__name__, str(v)))[:500]
-        return self.source.given(tool, param)
+        return self.source.given(tool, param) or self._paths(tool, param) or self._statements(tool, param)
+
+    def _statements(self, tool: str | None, name: str) -> list[str]:
+        """For a parameter named like SQL (``query``, ``sql``, ``statement``) of a server whose working copy holds
+        a SQLite database: statements on its tables and rows, SELECTs for a tool that reads, UPDATE / DELETE of
+        one row (to a value the column holds elsewhere) for one that writes; execute-first keeps those the server
+        runs. A handful of rows per table, chosen by key, so the same state gives the same statements."""
+        if _norm(name) not in ("query", "sql", "statement", "sqlquery", "sqlstatement"):
+            return []
+        state = self._current()
+        writes = tool in self.specs and self.specs[tool].mutates
+        out: list[str] = []
+        for table in sorted(set(state.sqlite_tables)):
+            held = table if table in state.rows else next((n for n in state.rows if n.endswith(f":{table}")), None)
+            if held is None or not state.keys.get(held):
+                continue
+            rows = [state.rows[held][k] for k in sorted(state.rows[held])]
+            pk = state.keys[held]
+            quoted = _quote(table)
+            if not writes:
+                out.append(f"SELECT count(*) AS n FROM {quoted}")
+            for row in rows[:: max(1, len(rows) // 3)][:3]:
+                where = " AND ".join(f"{_quote(k)} = {_sql_literal(row.get(k))}" for k in pk)
+                if not writes:
+                    out.append(f"SELECT * FROM {quoted} WHERE {where}")
+                    continue
+                out.append(f"DELETE FROM {quoted} WHERE {where}")
+                for col, value in sorted(row.items()):
+                    other = next((r[col] for r in rows if r.get(col) not in (value, None)
+                                  and isinstance(r.get(col), (str, int, float))), None)
+                    if col not in pk and col != "rowid" and other is not None:
+                        out.append(f"UPDATE {quoted} SET {_quote(col)} = {_sql_literal(other)} WHERE {where}")
+                        break
+        return out[:60]
+
+    def _paths(self, tool: str | None, name: str) -> list[str]:
+        """For a parameter named like a path (``path``, ``source``, ``destination``, ``paths[]``): the working
+        copy's files and folders as the server knows them (under ``{workdir}`` where its command or environment
+        names it, else relative), and for a tool that writes, a new name beside each (a file to create, a folder
+        to make, a place to move to); execute-first keeps those the server accepts."""
+        last = _norm(re.split(r"[.\[\]]+", name.rstrip("[]"))[-1])
+        if last not in _PATH_WORDS and not last.endswith("path"):
+            return []
+        state = self._current()
+        rooted = any("{workdir}" in a for a in self.source.argv) or any("{workdir}" in v for _, v in self.source.env)
+        found = state.paths or []
+        if tool in self.specs and self.specs[tool].mutates:
+            made = set(found)
+            for rel in list(found):
+                folder, _, base = rel.rstrip("/").rpartition("/")
+                stem, dot, ext = base.partition(".")
+                fresh = f"{folder + '/' if folder else ''}{stem}-2{dot}{ext}" + ("/" if rel.endswith("/") else "")
+                if fresh not in made:
+                    made.add(fresh)
+                    found = [*found, fresh]
+        out = [(f"{WORKDIR}/{rel}" if rooted else rel).rstrip("/") for rel in found]
+        if rooted:
+            out.append(WORKDIR)
+        return out[:500]
 
     def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
         return []
@@ -1377,6 +1507,9 @@ class MCPEnvironment:
         value = given[variant % len(given)] if given else None
         if value is None and self.source.propose is not None:
             value = self.source.propose(tool, path, dict(leaves), self, variant)
+        if value is None and kind in (None, "string"):
+            named = self._paths(tool, path)
+            value = named[variant * 7919 % len(named)] if named else None
         if value is None:
             last = _norm(re.split(r"[.\[\]]+", path.rstrip("[]"))[-1])
             state = self._current().columns
@@ -1390,6 +1523,11 @@ class MCPEnvironment:
         if value is not None:
             leaves[path] = value
         return value
+
+
+_PATH_WORDS = frozenset({"path", "paths", "file", "files", "filename", "filepath", "source", "destination", "dest",
+                         "src", "target", "dir", "directory", "folder"})
+"""Parameter names (normalised, or ending in ``path``) that name a file or folder of the working copy."""
 
 
 def _kind(schema: dict[str, Any]) -> str | None:

@@ -121,13 +121,67 @@ def endpoint_options(data: dict, args: argparse.Namespace) -> dict | None:
     return endpoint
 
 
+MCP_OPTIONS = {"--mcp-state": "state", "--mcp-env": "env", "--mcp-value": "values", "--mcp-program": "programs",
+               "--mcp-http": "http"}
+"""The options that set a field of an --mcp server's source (``EnvironmentSource``)."""
+
+
+class _MCPOption(argparse.Action):
+    """--mcp and the options that say how to run it, kept in the order given: an option after an --mcp applies
+    to that server, one before the first --mcp to every server (one list, ``args.mcp``, of (option, value))."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if option_string in ("--mcp-env", "--mcp-value") and "=" not in value:
+            parser.error(f"{option_string} {value!r}: give NAME=VALUE")
+        if getattr(namespace, "mcp", None) is None:
+            namespace.mcp = []
+        namespace.mcp.append((option_string, value))
+
+
+def _mcp_value(text: str):
+    """A --mcp-value's value: a JSON array or object as that (a list of files), anything else as the text."""
+    if text[:1] in "[{":
+        with contextlib.suppress(ValueError):
+            return json.loads(text)
+    return text
+
+
+def mcp_sources(given: list[tuple[str, str]]) -> list[dict]:
+    """The ``environments`` entries of the --mcp options of a command line, each with the options that apply
+    to it (``_MCPOption``)."""
+    common: dict = {}
+    servers: list[dict] = []
+    for option, value in given:
+        if option == "--mcp":
+            servers.append({"kind": "mcp", "ref": value})
+            continue
+        field = MCP_OPTIONS[option]
+        for target in servers[-1:] or [common]:
+            if field == "state":
+                target["state"] = str(Path(value).resolve())
+            elif field == "http":
+                target["http"] = value
+            elif field == "programs":
+                target.setdefault("programs", []).append(value)
+            else:
+                name, text = value.split("=", 1)
+                if field == "env":
+                    target.setdefault("env", {})[name] = text
+                else:
+                    target.setdefault("values", {}).setdefault(name, []).append(_mcp_value(text))
+    if common and not servers:
+        raise UsageError(f"{', '.join(sorted({o for o, _ in given}))} without --mcp: give the server's command")
+    return [{**common, **server,
+             **{k: {**common[k], **server[k]} for k in ("env", "values") if k in common and k in server},
+             **({"programs": [*common["programs"], *server["programs"]]}
+                if "programs" in common and "programs" in server else {})}
+            for server in servers]
+
+
 def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
     """--catalog/--mcp/--env/--objects as environment sources, and --base-url as the endpoint of every role."""
     sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
-    mcp_extra = {**({"state": str(Path(args.mcp_state).resolve())} if getattr(args, "mcp_state", None) else {}),
-                 **({"programs": args.mcp_programs} if getattr(args, "mcp_programs", None) else {}),
-                 **({"http": args.mcp_http} if getattr(args, "mcp_http", None) else {})}
-    sources += [{"kind": "mcp", "ref": ref, **mcp_extra} for ref in getattr(args, "mcp", None) or []]
+    sources += mcp_sources(getattr(args, "mcp", None) or [])
     sources += [{"kind": "module", "ref": ref,
                  **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
                 for ref in getattr(args, "env", None) or []]
@@ -178,8 +232,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     config = synthesize_config(args)
     summary = run_flow(args, "synthesize", config=config, corpus_root=args.corpus, workers=args.workers, ray=args.ray)
     cov = summary["coverage"]
-    print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories")}
-                     | {"coverage": cov, "llm": summary["llm"], "llm_usage": summary["llm_usage"],
+    print(json.dumps({k: summary[k] for k in ("run_id", "tasks", "accepted", "acceptance_rate", "trajectories",
+                                              "sample_failures")}
+                     | {"sample_failure_reasons": summary.get("sample_failure_reasons", {}), "coverage": cov, "llm": summary["llm"], "llm_usage": summary["llm_usage"],
                         "embedded_server_requests": summary["embedded_server_requests"]}, indent=2))
     return 0
 
@@ -439,6 +494,12 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     from generators.catalog import CatalogError, import_catalog
     from generators.graph import ToolGraph
 
+    if getattr(args, "mcp", None):
+        if args.file:
+            raise UsageError("catalog inspect: give a FILE or --mcp COMMAND, not both")
+        return inspect_mcp(args)
+    if not args.file:
+        raise UsageError("catalog inspect: give a catalog FILE, or --mcp COMMAND for an MCP server")
     try:
         result = import_catalog(args.file, format=args.format, strict=args.strict)
     except CatalogError as exc:
@@ -501,6 +562,65 @@ def cmd_catalog(args: argparse.Namespace) -> int:
     return 0
 
 
+def inspect_mcp(args: argparse.Namespace) -> int:
+    """``catalog inspect --mcp COMMAND``: start the server as a run would (inside the boundary, on a working copy
+    of --mcp-state), and say its tools, what each is taken to do, the tool graph and the state's tables."""
+    from generators.config import EnvironmentSource
+    from generators.sources import MCPSource
+
+    entries = mcp_sources(args.mcp)
+    if len(entries) != 1:
+        raise UsageError(f"catalog inspect: one --mcp server at a time ({len(entries)} given)")
+    source = MCPSource(EnvironmentSource(**entries[0]))
+    try:
+        specs = source.specs  # a server that cannot start fails here, as a SourceError naming it
+        graph = source.graph()
+        env = source.open(0)
+        try:
+            rows, keys = env.rows(), env.foreign_keys()
+        finally:
+            env.close()
+    finally:
+        source.close()
+    report = {
+        "server": source.ref, "name": source.name,
+        "imported": len(specs),
+        "tools": [{"name": name, "original": (spec.record.origin or {}).get("name"), "mutates": spec.mutates,
+                   "mutates_from": "name" if (spec.record.origin or {}).get("mutates_inferred") else "annotations",
+                   "arguments": sorted(spec.record.parameters.get("properties") or {}),
+                   "required": sorted(spec.record.parameters.get("required") or []),
+                   "returns": spec.record.returns is not None}
+                  for name, spec in specs.items()],
+        "graph": {"nodes": graph.graph.number_of_nodes(), "edges": graph.graph.number_of_edges(),
+                  "bindings": len(graph.edges()), "longest_chain": graph.longest_chain(),
+                  "edge_list": [{"src": e.src, "dst": e.dst, "field": e.src_field, "param": e.dst_param}
+                                for e in graph.edges()]},
+        "state": {"tables": {t: len(r) for t, r in sorted(rows.items())},
+                  "foreign_keys": [list(k) for k in keys]},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+        return 0
+    print(f"{source.ref}: MCP server, {len(specs)} tools (domain {source.name!r})")
+    for tool in report["tools"]:
+        renamed = f" (named {tool['original']!r})" if tool["original"] not in (None, tool["name"]) else ""
+        effect = "writes" if tool["mutates"] else "reads"
+        how = " (from its name: no annotations)" if tool["mutates_from"] == "name" else ""
+        required = set(tool["required"])
+        args_text = ", ".join(a + ("" if a in required else "?") for a in tool["arguments"]) or "no arguments"
+        print(f"  + {tool['name']}{renamed}: {effect}{how}; {args_text}"
+              f"{'; returns a schema' if tool['returns'] else ''}")
+    g = report["graph"]
+    print(f"tool graph: {g['nodes']} nodes, {g['edges']} edges ({g['bindings']} bindings), longest chain "
+          f"{g['longest_chain']} calls")
+    for e in g["edge_list"]:
+        print(f"  {e['src']}.{e['field']} → {e['dst']}({e['param']})")
+    tables = report["state"]["tables"]
+    print(f"state: {len(tables)} table(s)" + (": " + ", ".join(f"{t} ({n} rows)" for t, n in tables.items())
+                                               if tables else " (an empty working copy: give --mcp-state DIR)"))
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser that remembers its option names, to suggest the nearest one for a misspelt option."""
 
@@ -560,15 +680,24 @@ def build_parser(command: str | None = None) -> _Parser:
         config_options(p, name)
         p.add_argument("--catalog", action="append", metavar="FILE",
                        help="an OpenAPI description (JSON/YAML) to sample tasks on as a REST environment; repeatable")
-        p.add_argument("--mcp", action="append", metavar="COMMAND",
-                       help="an MCP server command over stdio, {workdir} standing for its working copy; repeatable")
-        p.add_argument("--mcp-state", dest="mcp_state", metavar="DIR",
-                       help="folder copied as each --mcp server's initial working copy")
-        p.add_argument("--mcp-program", dest="mcp_programs", action="append", metavar="PROGRAM",
-                       help="a program the --mcp servers run per call (git); they may then start processes, "
-                            "bounded by a pids cgroup; repeatable")
-        p.add_argument("--mcp-http", dest="mcp_http", metavar="URL",
-                       help="the --mcp servers speak Streamable HTTP on this URL inside their sandbox "
+        p.add_argument("--mcp", action=_MCPOption, metavar="COMMAND",
+                       help="an MCP server command over stdio (node_modules/.bin/mcp-server-memory, a venv's "
+                            "console script, node path/dist/index.js), {workdir} standing for its working copy; "
+                            "repeatable. The --mcp-* options below apply to the --mcp before them (given before "
+                            "any --mcp: to every server)")
+        p.add_argument("--mcp-state", dest="mcp", action=_MCPOption, metavar="DIR",
+                       help="folder copied as the server's initial working copy ({workdir})")
+        p.add_argument("--mcp-env", dest="mcp", action=_MCPOption, metavar="NAME=VALUE",
+                       help="an environment variable of the server, {workdir} standing for its working copy "
+                            "(MEMORY_FILE_PATH={workdir}/memory.jsonl); repeatable")
+        p.add_argument("--mcp-value", dest="mcp", action=_MCPOption, metavar="PARAM=VALUE",
+                       help="a candidate value for a tool parameter no state supplies, by name or tool.param "
+                            "(query='SELECT count(*) FROM orders'; a JSON array or object is parsed); repeatable")
+        p.add_argument("--mcp-program", dest="mcp", action=_MCPOption, metavar="PROGRAM",
+                       help="a program the server runs per call (git); it may then start processes, bounded by a "
+                            "pids cgroup; repeatable")
+        p.add_argument("--mcp-http", dest="mcp", action=_MCPOption, metavar="URL",
+                       help="the server speaks Streamable HTTP on this URL inside its sandbox "
                             "(http://127.0.0.1:3001/mcp) instead of stdio")
         p.add_argument("--env", action="append", metavar="MODULE:CLASS",
                        help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
@@ -693,11 +822,18 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.set_defaults(fn=cmd_audit)
 
-    p = sub.add_parser("catalog", help="tool catalogs: `catalog inspect FILE` says what a file imports and skips")
+    p = sub.add_parser("catalog", help="tool catalogs: `catalog inspect FILE` says what a file imports and skips; "
+                                       "`catalog inspect --mcp COMMAND` what an MCP server offers")
     catalog = p.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
     c = catalog.add_parser("inspect", help="what a catalog file (OpenAPI, OpenAI tools, MCP tools/list, BFCL) "
                                            "imports, what it skips and why, and the size of its tool graph")
-    c.add_argument("file", help="the catalog file (JSON, JSON lines or YAML)")
+    c.add_argument("file", nargs="?", help="the catalog file (JSON, JSON lines or YAML)")
+    c.add_argument("--mcp", action=_MCPOption, metavar="COMMAND",
+                   help="inspect an MCP server instead, started as `synthesize --mcp` starts it (inside the "
+                        "sandbox): its tools, the tool graph, its state's tables")
+    for option, what in (("--mcp-state", "DIR"), ("--mcp-env", "NAME=VALUE"), ("--mcp-value", "PARAM=VALUE"),
+                         ("--mcp-program", "PROGRAM"), ("--mcp-http", "URL")):
+        c.add_argument(option, dest="mcp", action=_MCPOption, metavar=what, help=f"as for synthesize {option}")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--strict", action="store_true", help="fail (exit 1) if any tool cannot be imported")
     c.add_argument("--format", default="auto", choices=["auto", "openai", "jsonschema", "bfcl", "openapi", "mcp"])
@@ -800,7 +936,7 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
               "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
               "bfcl": (PolicyError, ValueError, FileNotFoundError, SandboxUnavailable, BFCLDataError)}.get(command, ())
     # a user's --catalog/--mcp/--env that cannot be opened: the message names the source and the fix
-    failed += (SourceError,) if command in ("synthesize", "serve", "loop") else ()
+    failed += (SourceError,) if command in ("synthesize", "serve", "loop", "catalog") else ()
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")

@@ -96,6 +96,8 @@ class VariantSeed(StrictModel):
 
 
 SourceKind = Literal["catalog", "mcp", "module", "objects"]
+DEFAULT_DOMAINS = ("retail", "calendar", "banking", "files")
+"""The built-in domains a run samples when it names no domain and brings no environment of its own."""
 
 
 class EnvironmentSource(StrictModel):
@@ -193,13 +195,14 @@ class SynthesizeConfig(StrictModel):
                               f"run id. {RUN_NAME_HELP}")
     seed: int = Field(0, description="Master seed; the same config always produces the same corpus.")
     domains: list[str] = Field(
-        default_factory=lambda: ["retail", "calendar", "banking", "files"],
-        description="Built-in environment domains to sample tasks from.",
+        default_factory=lambda: list(DEFAULT_DOMAINS),
+        description="Built-in environment domains to sample tasks from. Default: retail, calendar, banking and "
+        "files, or none when environments are given (name them here to sample both).",
     )
     environments: list[EnvironmentSource] = Field(
         default_factory=list,
-        description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains), sampled from beside "
-        "the built-in domains; tasks are spread over every domain and source in turn.")
+        description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains); with domains also "
+        "listed, tasks are spread over every domain and source in turn.")
     n_tasks: int = Field(1400, ge=1, description="Tasks to sample; those whose verifier fails its controls are kept but not accepted.")
     batch_size: int = Field(200, ge=1, le=2000, description="Tasks per batch: one Prefect task run, one Parquet shard per table.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -224,6 +227,13 @@ class SynthesizeConfig(StrictModel):
         if len(set(domains)) != len(domains):
             raise ValueError(f"domains listed twice in {domains}")
         return domains
+
+    @model_validator(mode="after")
+    def _own_tools_only(self) -> SynthesizeConfig:
+        # a user who brings their own tools and names no domain wants tasks on those tools, not on the demos
+        if self.environments and "domains" not in self.model_fields_set:
+            self.domains = []
+        return self
 
     @model_validator(mode="after")
     def _some_environment(self) -> SynthesizeConfig:

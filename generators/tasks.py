@@ -22,7 +22,7 @@ from typing import Any
 import networkx as nx
 
 from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
-from envs.datagen import bookkeeping
+from envs.datagen import bookkeeping, value_for
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
 from schemas import Lineage, PlanStep, Signature, Task
@@ -56,6 +56,24 @@ SAMPLE_ATTEMPTS = 16
 PLACEHOLDER = r"\{(\w+)(?::([^{}]*))?\}"
 _HTTP_LINE = re.compile(r"(?i)\b(?:get|post|put|patch|delete|head|options)\s+/")
 
+FAILURE_REASONS = {
+    "no_first_call": "no tool could be called first: every one lacked a value for a required argument or failed",
+    "chain_ended": "the plan could not be grown to the drawn depth: no next tool took a value from the last result",
+    "write_undetectable": "leaving one write out reached the same final state: no verifier could tell it was done",
+    "no_answer": "the plan wrote nothing and its last results have no scalar a user could ask for",
+    "no_matching_variant": "no plan sampled matched the parent's signature (variants of a closed-loop run)",
+}
+
+_DIFFERS = re.compile(r"tool message for (\S+) differs from the real result")
+
+
+def unstable_tools(verdict_detail: str, messages: list[dict[str, Any]]) -> set[str]:
+    """The tools whose result differed when the reference's calls were run again (the detail of its failed
+    ``observations`` check names the calls): their answers change from run to run."""
+    ids = set(_DIFFERS.findall(verdict_detail))
+    return {c["function"]["name"] for m in messages for c in (m.get("tool_calls") or []) if c.get("id") in ids}
+"""Why a draw made no task, by the code recorded in ``sample_failures`` (each attempt has one)."""
+
 
 @dataclass
 class ExecutedStep:
@@ -72,6 +90,33 @@ def resolve(result: Any, path: list[Any]) -> Any:
     for key in path:
         result = result[key]
     return result
+
+
+TEXT_PARAMS = frozenset({"content", "text", "body", "message", "note", "notes", "comment", "description", "title"})
+"""Free-text parameters (normalised names) a user's tool gets a plausible value for without a model."""
+_EXAMPLES = re.compile(r"\b(?:e\.\s?g\.|for example|such as|example:)[,:]?\s*((?:['\"`][^'\"`]{1,80}['\"`][\s,]*(?:or\s+|and\s+)?)+)",
+                       re.IGNORECASE)
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def suggested_values(schema: dict[str, Any]) -> list[Any]:
+    """Values a parameter's own schema suggests: its ``examples``/``example``/``default``, the quoted examples
+    of its description ("IANA timezone name (e.g., 'America/New_York', 'Europe/London')"), a time for one
+    described as HH:MM."""
+    found: list[Any] = []
+    examples = schema.get("examples")
+    found += [e for e in examples if isinstance(e, (str, int, float))] if isinstance(examples, list) else []
+    found += [schema[k] for k in ("example", "default") if isinstance(schema.get(k), (str, int, float))
+              and not isinstance(schema.get(k), bool)]
+    text = schema.get("description") if isinstance(schema.get("description"), str) else ""
+    for clause in _EXAMPLES.findall(text):
+        found += re.findall(r"['\"`]([^'\"`]{1,80})['\"`]", clause)
+    if not found and re.search(r"\bHH:MM\b", text):
+        found = ["09:30", "14:00", "18:45"]
+    return list(dict.fromkeys(found))
 
 
 def noun(param: str) -> str:
@@ -96,13 +141,20 @@ class PlanSampler:
     """
 
     def __init__(self, env: ToolEnvironment, graph: ToolGraph, config: SamplingConfig, usage: Counter | None = None,
-                 propose: ValueProposer | None = None):
+                 propose: ValueProposer | None = None, free_text: bool = False):
         self.base = env
+        # a user's tools (no phrase templates, no seeded values for free arguments): values their schemas suggest
+        self.free_text = free_text
+        # tools whose answers differ between two runs of the same calls (a clock, a file's access time): no
+        # verifier can check them, so once a reference shows it they are not sampled again
+        self.unstable: set[str] = set()
         self.graph = graph
         self.config = config
         self.usage = usage if usage is not None else Counter()
         self.specs: dict[str, ToolSpec] = env.specs
         self.propose = propose
+        self.failure: tuple[str, str] | None = None  # why the last sample() gave None: (reason code, detail)
+        self._problem = ""  # the last call that could not be made, for the detail of a failure
 
     @cached_property
     def reachable_depth(self) -> int:
@@ -127,6 +179,11 @@ class PlanSampler:
         if self.propose is not None and t in ("string", "array", "object", None):
             # free text no state supplies (a query, a message): a model proposes it, execute-first keeps it
             return self.propose(tool, param, dict(partial or {}), work, rng.randrange(3))
+        suggested = suggested_values(schema) if self.free_text else []
+        if suggested:  # no model: the examples the tool's own schema gives
+            return rng.choice(suggested)
+        if self.free_text and t == "string" and _norm(param) in TEXT_PARAMS:
+            return value_for(schema, param, rng)  # a note's text, a message: plausible words by the name
         return None  # free text with no source in the state: not bindable
 
     def _bind(
@@ -149,6 +206,7 @@ class PlanSampler:
             value = row[param] if param in row else self._literal(work, tool, param, pschema, rng, values)
             if value is None:
                 if required:
+                    self._problem = f"{tool}: no value for its required argument {param!r}"
                     return None
                 continue
             args[param] = values[param] = value
@@ -157,7 +215,8 @@ class PlanSampler:
     def _weighted(self, tools: list[str], rng: random.Random) -> list[str]:
         """Tools in a random order that favours the less used ones (inverse-usage weights)."""
         k = self.config.diversity
-        keyed = [(rng.random() ** (1.0 + k * self.usage[f"{self.graph.domain}.{t}"]), t) for t in tools]
+        keyed = [(rng.random() ** (1.0 + k * self.usage[f"{self.graph.domain}.{t}"]), t) for t in tools
+                 if t not in self.unstable]
         return [t for _, t in sorted(keyed, reverse=True)]
 
     def _try_step(
@@ -187,6 +246,8 @@ class PlanSampler:
             if any(s.tool == tool and s.values == values for s in steps):
                 continue  # the same call twice adds nothing
             result, error = work.execute(tool, values)
+            if error is not None:
+                self._problem = f"{tool} failed: {str(error)[:160]}"
             if error is None:
                 parents = sorted({p.id for p, _ in refs.values()})
                 level = 1 + max((s.level for s in steps if s.id in parents), default=-1)
@@ -234,6 +295,7 @@ class PlanSampler:
         cfg = self.config
         # a depth the graph cannot reach would only fail; a user's catalog may have short chains only
         depth = depth or min(rng.randint(cfg.depth_min, cfg.depth_max), max(cfg.depth_min, self.reachable_depth))
+        self.failure, self._problem = None, ""
         work = self.base.fork()
         initial = work.rows()
         steps: list[ExecutedStep] = []
@@ -246,10 +308,18 @@ class PlanSampler:
                 steps.append(step)
                 break
         if not steps:
+            self.failure = ("no_first_call", self._problem)
             return None
         while len(steps) < depth:
+            self._problem = ""
             step = self._extend(work, steps, steps[-1], rng, depth - 1)
             if step is None:
+                self.failure = ("chain_ended", f"after {' → '.join(s.tool for s in steps)} (depth {depth})"
+                                + (f"; {self._problem}" if self._problem else
+                                   f"; {steps[-1].tool} feeds no other tool in the graph"
+                                   + (" whose answers stay the same from run to run"
+                                      if {t for t in self.graph.successors(steps[-1].tool) if t != steps[-1].tool}
+                                      else "")))
                 return None
             steps.append(step)
         if cfg.max_width > 1 and rng.random() < cfg.nonlinear_share:
@@ -269,7 +339,10 @@ class PlanSampler:
                             break
                 if step is not None:
                     steps.append(step)
-        if not self._writes_all_matter(steps, work):
+        undetectable = self._undetectable_write(steps, work)
+        if undetectable is not None:
+            self.failure = ("write_undetectable", f"{undetectable.tool}({undetectable.values}) changes nothing "
+                            f"the other calls do not, or only bookkeeping fields")
             return None
         for s in steps:
             self.usage[f"{self.graph.domain}.{s.tool}"] += 1
@@ -277,14 +350,15 @@ class PlanSampler:
 
     @cached_property
     def _bookkeeping(self) -> bool:
-        """Whether the state has fields a server keeps for itself (``date_updated``): see ``_writes_all_matter``."""
+        """Whether the state has fields a server keeps for itself (``date_updated``): see ``_undetectable_write``."""
         return any(bookkeeping(col) for rows in self.base.rows().values() for row in list(rows.values())[:1]
                    for col in row)
 
-    def _writes_all_matter(self, steps: list[ExecutedStep], work: Environment) -> bool:
-        """False if leaving out one write, the other calls unchanged, reaches the same final state (a limit set
+    def _undetectable_write(self, steps: list[ExecutedStep], work: Environment) -> ExecutedStep | None:
+        """The write whose leaving out, the other calls unchanged, reaches the same final state (a limit set
         twice, share-then-unshare), or one that differs only in bookkeeping fields (an update to the values a
-        row already had, which only moved its ``date_updated``): no user asked for what that write did."""
+        row already had, which only moved its ``date_updated``): no verifier could tell whether it was done, and
+        no user asked for it. None if every write matters."""
         final_hash = work.state_hash()
         final_rows = None
         for skipped in (s for s in steps if self.specs[s.tool].mutates):
@@ -298,8 +372,8 @@ class PlanSampler:
                 same = only_bookkeeping(trial.diff(final_rows))
             trial.close()  # a process-backed environment (an MCP server) is a process per fork
             if same:
-                return False
-        return True
+                return skipped
+        return None
 
 
 def only_bookkeeping(diff: dict[str, Any]) -> bool:
@@ -629,11 +703,16 @@ def sample_task(
     sampler_seed: int,
     code_check_share: float = 0.0,
     attempts: int = SAMPLE_ATTEMPTS,
+    failures: Counter | None = None,
 ) -> tuple[Task | None, int]:
     """Sample plans until one becomes a task; returns the task (None after ``attempts``) and the retries used.
 
     The depth is drawn once and kept across retries: deep plans fail more often, and redrawing it would skew
-    the corpus towards shallow tasks.
+    the corpus towards shallow tasks. A depth past the graph's longest chain is drawn as that chain's length:
+    no plan could reach it (a server with a few tools has short chains only).
+
+    Args:
+        failures: Where each failed attempt's ``(reason code, detail)`` is counted (``FAILURE_REASONS``).
     """
     depth = rng.randint(sampler.config.depth_min, sampler.config.depth_max)
     # a depth the graph cannot reach would only fail (a catalog whose results feed few parameters)
@@ -641,6 +720,8 @@ def sample_task(
     for attempt in range(attempts):
         sampled = sampler.sample(rng, depth)
         if sampled is None:
+            if failures is not None:
+                failures[sampler.failure or ("chain_ended", "")] += 1
             continue
         work, steps, initial = sampled
         task = build_task(
@@ -650,6 +731,8 @@ def sample_task(
         )
         if task is not None:
             return task, attempt
+        if failures is not None:
+            failures[("no_answer", " → ".join(s.tool for s in steps))] += 1
     return None, attempts
 
 
@@ -668,7 +751,8 @@ def sample_tasks(
         name = env.domain_cls.name
         graph = (domain_graph(name) if name in DOMAINS else
                  ToolGraph.build([s.record for s in env.specs.values()], env.foreign_keys()))
-    sampler = PlanSampler(env, graph, config or SamplingConfig(), propose=propose)
+    sampler = PlanSampler(env, graph, config or SamplingConfig(), propose=propose,
+                          free_text=env.domain_cls.name not in DOMAINS)
     for i in range(n):
         rng = random.Random(f"{seed}/{i}")
         task, _ = sample_task(sampler, rng, task_id=f"{env.domain_cls.name}-{i}", run_id=run_id, batch=0,

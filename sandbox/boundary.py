@@ -301,7 +301,9 @@ class _Tree:
         for path in sorted(self.binds):
             out += ["--ro-bind", path, path]
         for link, target in sorted(self.links.items()):
-            if link not in self.binds:
+            # a link inside a bound folder is already there as the host has it (an npm install's
+            # node_modules/.bin/x → ../pkg/dist/index.js): bwrap could not make it again ("File exists")
+            if not any(link == b or link.startswith(b.rstrip("/") + "/") for b in self.binds):
                 out += ["--symlink", target, link]
         return out
 

@@ -241,6 +241,19 @@ VERDICTS = Table(
     ],
 )
 
+SAMPLE_FAILURES = Table(
+    "sample_failures",
+    [
+        Field("run_id", STR),
+        Field("batch", INT32),
+        Field("index", INT64),  # the draw's index in the run (what its task id would have been made of)
+        Field("domain", STR),
+        Field("reason", STR),  # the commonest reason among its attempts (generators.tasks.FAILURE_REASONS)
+        Field("attempts", Map(INT32)),  # reason -> attempts that failed for it
+        Field("detail", STR),  # one attempt of that reason: the call that could not be made, the plan so far
+    ],
+)
+
 USAGE_COUNTS = ("requests", "cache_hits", "retries", "rate_limited", "server_errors", "timeouts",
                 "connection_errors", "malformed", "prompt_tokens", "completion_tokens")
 
@@ -432,6 +445,6 @@ LOOP_ROUNDS = Table(
 )
 
 TABLES: dict[str, Table] = {
-    t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, LLM_USAGE,
+    t.name: t for t in (TOOLS, TOOL_EDGES, ENVIRONMENTS, TASKS, TRAJECTORIES, VERDICTS, SAMPLE_FAILURES, LLM_USAGE,
                         NECESSITY, DIFFICULTY, DEDUP, POLICY_EVALS, BFCL_EVALS, GRPO_STEPS, REPLAY_BUFFER, LOOP_ROUNDS)
 }

@@ -2,13 +2,14 @@
 # Reference MCP servers from PyPI (each in its own virtual environment) and npm, for tests and for `--mcp` runs.
 #
 #   sh scripts/mcp-servers.sh            # all of them
-#   sh scripts/mcp-servers.sh sqlite     # one of them (sqlite | time | git | memory | everything)
+#   sh scripts/mcp-servers.sh sqlite     # one of them (sqlite | time | git | memory | filesystem | everything)
 #
-# memory and everything are @modelcontextprotocol/server-memory and server-everything (the protocol's reference
-# server, which also speaks Streamable HTTP) from the npm registry, run by the system's node (v20 here); each is
+# memory, filesystem and everything are @modelcontextprotocol/server-memory, server-filesystem and server-everything
+# (the protocol's reference server, which also speaks Streamable HTTP) from the npm registry, run by the system's node (v20 here); each is
 # installed with `npm install --save-exact --ignore-scripts --before=$NPM_BEFORE` into <dir>/node_modules, so the
 # top-level version is pinned exactly and every transitive one is what the registry offered at that date (the same
-# tree on every machine); <dir>/package-lock.json records it and <dir>/bin/mcp-server-<name> links to its script.
+# tree on every machine); <dir>/package-lock.json records it, <dir>/bin/mcp-server-<name> links to its script and
+# <dir>/node_modules/.bin/mcp-server-<name> is npm's own link (what a user who ran `npm install` passes to --mcp).
 #
 # Each server gets ${SYNTHLOOP_MCP_HOME:-$HOME/.cache/synthloop/mcp}/<name>-<version>/, created with the base
 # interpreter the sandbox exposes (the venv's python links to it), so the server runs inside the boundary with
@@ -82,6 +83,7 @@ NPM_BEFORE=2026-12-02T00:00:00Z
 npm_package() {
     case "$1" in
         memory) echo "@modelcontextprotocol/server-memory 2026.8.31 mcp-server-memory" ;;
+        filesystem) echo "@modelcontextprotocol/server-filesystem 2026.8.31 mcp-server-filesystem" ;;
         everything) echo "@modelcontextprotocol/server-everything 2026.8.31 mcp-server-everything" ;;
     esac
 }
@@ -122,12 +124,12 @@ install_npm() {
     return 0
 }
 
-names=${*:-sqlite time git memory everything}
+names=${*:-sqlite time git memory filesystem everything}
 for n in $names; do
     case "$n" in
         sqlite|time|git) install_one "$n" ;;
-        memory|everything) install_npm "$n" ;;
-        *) echo "mcp-servers: unknown server '$n' (known: sqlite time git memory everything)" ;;
+        memory|filesystem|everything) install_npm "$n" ;;
+        *) echo "mcp-servers: unknown server '$n' (known: sqlite time git memory filesystem everything)" ;;
     esac
 done
 exit 0

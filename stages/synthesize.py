@@ -23,9 +23,9 @@ from generators.imports import RunImports
 from generators.llm import USAGE_COUNTS
 from generators.phrasing import unsolvable
 from generators.sources import Source, domain_names, open_sources
-from generators.tasks import PlanSampler, sample_task, task_id_for
+from generators.tasks import FAILURE_REASONS, PlanSampler, sample_task, task_id_for, unstable_tools
 from generators.variants import expand_seeds, fresh_env_seed, sample_variant
-from schemas import Task
+from schemas import SCHEMA_VERSION, Task
 from stages.contract import Job, JobContext, JobResult, Stage
 from stages.progress import Progress
 from stages.rollouts import LLMStage
@@ -65,6 +65,7 @@ class _Rows:
     tasks: list[dict[str, Any]] = field(default_factory=list)
     trajectories: list[dict[str, Any]] = field(default_factory=list)
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # draws that made no task, each with its reason
     counts: Counter = field(default_factory=Counter)
     timings: Counter = field(default_factory=Counter)
     coverage: Coverage = field(default_factory=Coverage)
@@ -113,7 +114,8 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         usage: Counter = Counter()
         propose = llm.propose_value if llm is not None else None
         samplers = {d: PlanSampler(envs[d], graphs[d], config.sampling, usage,
-                                   propose=propose if src.kind != "builtin" else None) for d, src in sources.items()}
+                                   propose=propose if src.kind != "builtin" else None,
+                                   free_text=src.kind != "builtin") for d, src in sources.items()}
         simulated = {d for d, src in sources.items() if src.simulated}
         rows = _Rows()
         rows.timings["sources_s"] += opened_s
@@ -159,9 +161,10 @@ def run_batch(config: SynthesizeConfig, batch: int, base_urls: dict[str, str] | 
         "duration_s": round(time.perf_counter() - start, 3),
         "coverage": rows.coverage.to_dict(),
         "per_domain": {d: dict(c) for d, c in sorted(rows.per_domain.items())},
+        "sample_failure_reasons": failure_reasons(rows.failures),
     }
     tables = {"tasks": rows.tasks, "trajectories": rows.trajectories, "verdicts": rows.verdicts,
-              "environments": environments}
+              "environments": environments, "sample_failures": rows.failures}
     if llm is not None:
         tables["llm_usage"] = llm.usage_rows(batch)
     return BatchResult(tables=tables, summary=summary, coverage=rows.coverage)
@@ -173,6 +176,7 @@ def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: d
     """Sample one task, (have its requests rewritten,) roll out its reference and controls, verify them."""
     rng = random.Random(f"{config.seed}/{batch}/{index}")
     t0 = time.perf_counter()
+    failures: Counter = Counter()  # (reason, detail) of each attempt that made no task
     if config.variants:  # a variant of a parent: same signature, fresh environment, lineage to the parent
         seed = expand_seeds(config.variants)[index]
         domain = seed.domain
@@ -182,17 +186,20 @@ def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: d
                                  batch=batch, sampler_seed=index, code_check_share=config.code_check_share)
         task, retries = variant.task, variant.tries - (variant.task is not None)
         rows.counts[f"variant_{variant.match or 'failures'}"] += 1
+        if task is None:
+            failures[("no_matching_variant", f"{seed.topology}, depth {seed.depth}, tools {seed.tools}")] += 1
     else:
         names = domain_names(config)
         domain = names[index % len(names)]
         env, sampler = envs[domain], samplers[domain]
         task, retries = sample_task(sampler, rng, task_id=task_id_for(run_id, batch, index),
                                     run_id=run_id, batch=batch, sampler_seed=index,
-                                    code_check_share=config.code_check_share)
+                                    code_check_share=config.code_check_share, failures=failures)
     rows.counts["sample_retries"] += retries
     rows.per_domain[domain]["tasks" if task is not None else "sample_failures"] += 1
     if task is None:
         rows.counts["sample_failures"] += 1
+        rows.failures.append(failure_row(run_id, batch, index, domain, failures))
         return None
     if domain in simulated:  # a model played the tools: say so where a user selects tasks
         task.lineage.generator = f"simulated/{task.lineage.generator}"
@@ -224,6 +231,9 @@ def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: d
         # verifiable but not solvable from its text: a value the request never gives, or a write that changed
         # only the server's bookkeeping (generators.phrasing)
         task.accepted, task.reject_reason = False, reason
+    if sampler.free_text and not results[0].passed:  # a user's tool that answers differently each run: not again
+        detail = "; ".join(c.detail for c in results[0].components if c.name == "observations" and not c.passed)
+        sampler.unstable |= unstable_tools(detail, reference.messages)
     rows.counts["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["accepted" if task.accepted else "rejected"] += 1
     rows.per_domain[domain]["controls_rejected"] += sum(not v.passed for v in results[1:])
@@ -236,6 +246,26 @@ def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: d
     rows.trajectories += [ep.to_row() for ep in episodes]
     rows.verdicts += [v.to_row() for v in results]
     return task
+
+
+def failure_row(run_id: str, batch: int, index: int, domain: str, failures: Counter) -> dict[str, Any]:
+    """The ``sample_failures`` row of a draw that made no task: its commonest reason (the first met on a tie),
+    the attempts per reason, and one attempt's detail of that reason."""
+    per_reason: Counter = Counter()
+    for (reason, _), n in failures.items():
+        per_reason[reason] += n
+    reason = per_reason.most_common(1)[0][0] if per_reason else "no_attempt"
+    detail = next((d for (r, d), _ in failures.most_common() if r == reason and d), "")
+    return {"run_id": run_id, "batch": batch, "index": index, "domain": domain, "reason": reason,
+            "attempts": dict(per_reason), "detail": detail, "schema_version": SCHEMA_VERSION}
+
+
+def failure_reasons(failures: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """Draws that made no task, per domain and reason."""
+    out: dict[str, Counter] = defaultdict(Counter)
+    for f in failures:
+        out[f["domain"]][f["reason"]] += 1
+    return {d: dict(c.most_common()) for d, c in sorted(out.items())}
 
 
 # what the embedded CPU model and the scripted backbone cost, measured on the 2-core machine (docs/results):
@@ -355,8 +385,11 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
                                                "sample_failures", "user_leaks")}
     llm: Counter = Counter()
     per_domain: dict[str, Counter] = {}
+    reasons: dict[str, Counter] = {}
     for b in batches:
         s = b["summary"]
+        for d, c in s.get("sample_failure_reasons", {}).items():
+            reasons.setdefault(d, Counter()).update(c)
         for k in totals:
             totals[k] += s.get(k, 0)
         coverage.merge(Coverage.from_dict(s["coverage"]))
@@ -365,6 +398,7 @@ def summarize(corpus: Corpus, config: SynthesizeConfig) -> dict[str, Any]:
             per_domain.setdefault(d, Counter()).update(c)
     totals["llm"] = dict(sorted(llm.items()))
     totals["per_domain"] = {d: dict(sorted(c.items())) for d, c in sorted(per_domain.items())}
+    totals["sample_failure_reasons"] = {d: dict(c.most_common()) for d, c in sorted(reasons.items())}
     if config.variants:  # signature match level reached per variant (exact, near), and parents left without one
         totals["variants"] = {k: sum(b["summary"].get("variants", {}).get(k, 0) for b in batches)
                               for k in ("exact", "near", "failures")}
@@ -399,6 +433,7 @@ def summary_markdown(run_id: str, summary: dict[str, Any], root: Path) -> str:
                                                "verifications", "sample_failures", "user_leaks", "batches_done")),
         *(f"| coverage: {k} | {v} |" for k, v in cov.items()),
         *_per_domain_markdown(summary),
+        *_failure_markdown(summary),
         *_llm_markdown(summary),
         "",
         f"Corpus: `{root}`. Query it: `synthloop query \"SELECT domain, count(*) FROM accepted_tasks GROUP BY 1\"`.",
@@ -413,6 +448,18 @@ def _per_domain_markdown(summary: dict[str, Any]) -> list[str]:
     for d, c in per.items():
         lines.append(f"| {d} | {c.get('tasks', 0)} | {c.get('accepted', 0)} | {c.get('sample_failures', 0)} | "
                      f"{c.get('controls_rejected', 0)} / {c.get('controls', 0)} |")
+    return lines
+
+
+def _failure_markdown(summary: dict[str, Any]) -> list[str]:
+    reasons = summary.get("sample_failure_reasons") or {}
+    if not reasons:
+        return []
+    lines = ["", "## Draws that made no task", "", "| domain / source | reason | draws | what it means |",
+             "|---|---|---|---|"]
+    lines += [f"| {d} | {r} | {n} | {FAILURE_REASONS.get(r, '')} |" for d, c in reasons.items() for r, n in c.items()]
+    lines += ["", "Each one, with an attempt's detail: `synthloop query \"SELECT domain, reason, detail FROM "
+              "sample_failures\"`."]
     return lines
 
 

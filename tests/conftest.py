@@ -55,6 +55,6 @@ def servers() -> dict:
                           timeout=900)
     home = Path(os.environ.get("SYNTHLOOP_MCP_HOME") or Path.home() / ".cache" / "synthloop" / "mcp")
     found: dict = {n: any((d / ".synthloop-pins").exists() for d in home.glob(f"{n}-*"))
-                   for n in ("sqlite", "time", "git", "memory", "everything")}
+                   for n in ("sqlite", "time", "git", "memory", "filesystem", "everything")}
     found["log"] = done.stdout + done.stderr
     return found

@@ -434,15 +434,24 @@ def test_the_memory_server_from_npm_runs_in_the_sandbox_on_its_memory_file(memor
 
 
 @needs_boundary
-def test_candidates_come_from_the_state_and_free_form_sql_has_none(sqlite_env, retail, servers, retail_state):
+def test_candidates_come_from_the_state_and_sql_from_the_database_s_tables(sqlite_env, retail, servers, retail_state):
     order_ids = sorted(retail.rows()["orders"])
     assert sqlite_env.candidates("order_id") == order_ids
     assert sqlite_env.candidates("table_name", "describe_table") == sorted(retail.tables())
-    assert sqlite_env.candidates("query", "read_query") == []
+    reads, writes = sqlite_env.candidates("query", "read_query"), sqlite_env.candidates("query", "write_query")
+    assert 'SELECT count(*) AS n FROM "orders"' in reads and all(q.startswith("SELECT") for q in reads)
+    assert writes and all(q.startswith(("UPDATE", "DELETE")) for q in writes)
+    for query in writes[:6]:  # each one a real change of one row, as the state diff sees it
+        with sqlite_env.fork() as env:
+            before = env.rows()
+            result, error = env.execute("write_query", {"query": query})
+            assert error is None and result == [{"affected_rows": 1}], (query, result, error)
+            changed = env.diff(before)
+            assert sum(len(c["updated"]) + len(c["deleted"]) + len(c["inserted"]) for c in changed.values()) >= 1
     assert sqlite_env.candidate_rows("read_query") == []
     given = mcp_source(SQLITE, state=retail_state, values={"read_query.query": ["SELECT 1"]})
     with given.open() as env:
-        assert env.candidates("query", "read_query") == ["SELECT 1"] and env.candidates("query", "write_query") == []
+        assert env.candidates("query", "read_query") == ["SELECT 1"]  # the user's values first
 
 
 @needs_boundary
@@ -751,13 +760,14 @@ def _judge(env, task, rng, pause=0.0):
 
 @needs_boundary
 @pytest.mark.slow
-def test_tasks_on_the_sqlite_server_need_values_for_free_form_sql_and_then_pass_their_controls(servers, retail_state):
+def test_tasks_on_the_sqlite_server_take_sql_from_its_database_or_the_values_and_pass_their_controls(servers,
+                                                                                                   retail_state):
     _need(servers, "sqlite")
     config = SamplingConfig(depth_min=1, depth_max=1)
     with mcp_source(SQLITE, state=retail_state, name="retail_sql").open() as env:
-        # without SQL only list_tables and describe_table are callable: reads, inferred from their names
+        # no values: the queries are statements on the database's own rows
         tools = {s.tool for task, _ in sample_tasks(env, 3, config=config) for s in task.reference_plan}
-        assert tools and tools <= {"list_tables", "describe_table"}
+        assert tools & {"read_query", "write_query"}
     updates = ["UPDATE orders SET status = 'cancelled' WHERE order_id = 'O0003'",
                "UPDATE products SET price = price + 1 WHERE product_id = 'P0002'"]
     with mcp_source(SQLITE, state=retail_state, name="retail_sql", values={"write_query.query": updates}).open() as env:

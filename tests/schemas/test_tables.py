@@ -131,6 +131,14 @@ def rows(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
               cost_usd=0.00012, latency_s=3.5)
     usage.add("tasks", "task_writer", "m", cache_hits=3)
     tables["llm_usage"] = usage.to_rows("r", 0)
+    if not tables["sample_failures"]:  # the built-in domains rarely fail a draw: one as the stage records it
+        from collections import Counter
+
+        from stages.synthesize import failure_row
+
+        tables["sample_failures"] = [failure_row("r", 0, 3, "retail", Counter({
+            ("chain_ended", "after get_order (depth 4); cancel_order failed: order O1 is already cancelled"): 2,
+            ("no_answer", "list_orders"): 1}))]
     tables.update(_curation_rows(tables, tmp_path_factory.mktemp("corpus")))
     tables["policy_evals"] = _policy_eval_rows(tables)
     tables["bfcl_evals"] = _bfcl_eval_rows()
