@@ -97,14 +97,16 @@ def format_call(name: str, args: dict[str, Any]) -> str:
 
 
 def bfcl_docs(root: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every multi-turn function doc, as ``{name: {"description", "parameters" (JSON Schema)}}``."""
+    """Every multi-turn function doc, as ``{name: {"description", "parameters" (JSON Schema), "class", "response"
+    (BFCL's own dialect, as given)}}``."""
     docs = {}
     for cls in BFCL_CLASS_FILES:
         for doc in bfcl_function_docs(cls, root):
             params = bfcl_schema(doc.get("parameters") or {"type": "dict", "properties": {}})
             params.setdefault("type", "object")
             params.setdefault("properties", {})
-            docs[doc["name"]] = {"description": doc.get("description", ""), "parameters": params, "class": cls}
+            docs[doc["name"]] = {"description": doc.get("description", ""), "parameters": params, "class": cls,
+                                 "response": doc.get("response")}
     return docs
 
 

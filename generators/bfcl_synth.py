@@ -32,13 +32,7 @@ from envs.objects import ObjectSource, bfcl_schema
 from envs.plugin import PluginLocation
 from generators.bfcl_import import BFCLCallError, bfcl_docs, parse_call, turn_text
 from storage.dedup import Contamination, words
-from storage.external import (
-    BFCL_CLASS_FILES,
-    MULTI_TURN_CATEGORIES,
-    bfcl_eval_root,
-    bfcl_function_docs,
-    bfcl_multi_turn,
-)
+from storage.external import MULTI_TURN_CATEGORIES, bfcl_eval_root, bfcl_multi_turn
 
 BFCL_REF = "bfcl"
 """The ``ref`` of the built-in object source over BFCL's classes (``--objects bfcl``)."""
@@ -55,15 +49,11 @@ def bfcl_synthesis_source(*, name: str = "bfcl", root: Path | None = None) -> Ob
     location = PluginLocation(ref=f"objects:{BFCL_REF}", module=module.stem, qualname="make_instances",
                               root=str(module.parent), top=str(module))
     docs = {}
-    for cls in BFCL_CLASS_FILES:
-        for doc in bfcl_function_docs(cls, root):
-            params = bfcl_schema(doc.get("parameters") or {"type": "dict", "properties": {}})
-            params.setdefault("type", "object")
-            params.setdefault("properties", {})
-            # BFCL opens every description with its class's blurb; a request is phrased from the first sentence
-            text = re.sub(r"^This tool belongs to .*?\. Tool description: ", "", doc.get("description", ""), flags=re.S)
-            docs[doc["name"]] = {"description": text, "parameters": with_enums(params),
-                                 "returns": bfcl_schema(doc["response"]) if isinstance(doc.get("response"), dict) else None}
+    for name, doc in bfcl_docs(root).items():
+        # BFCL opens every description with its class's blurb; a request is phrased from the first sentence
+        text = re.sub(r"^This tool belongs to .*?\. Tool description: ", "", doc["description"], flags=re.S)
+        docs[name] = {"description": text, "parameters": with_enums(doc["parameters"]),
+                      "returns": bfcl_schema(doc["response"]) if isinstance(doc["response"], dict) else None}
     config = {"kind": "factory", "factory": f"{module.stem}:make_instances", "docs": docs,
               "values": bfcl_states.VALUES, "aliases": bfcl_states.ALIASES, "error_results": True}
     return ObjectSource(location, config, name=name,
