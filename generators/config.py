@@ -201,7 +201,7 @@ class SynthesizeConfig(StrictModel):
     )
     environments: list[EnvironmentSource] = Field(
         default_factory=list,
-        description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains); with domains also "
+        description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains, Python objects); with domains also "
         "listed, tasks are spread over every domain and source in turn.")
     n_tasks: int = Field(1400, ge=1, description="Tasks to sample; those whose verifier fails its controls are kept but not accepted.")
     batch_size: int = Field(200, ge=1, le=2000, description="Tasks per batch: one Prefect task run, one Parquet shard per table.")

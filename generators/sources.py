@@ -61,7 +61,7 @@ class Source(abc.ABC):
 
     Attributes:
         name: The domain name tasks carry.
-        kind: ``builtin``, ``catalog``, ``mcp`` or ``module``.
+        kind: ``builtin``, ``catalog``, ``mcp``, ``module`` or ``objects``.
         ref: What the user gave (a domain name, a path, a command, ``module:Class``).
     """
 
