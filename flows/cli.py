@@ -879,6 +879,11 @@ def build_parser(command: str | None = None) -> _Parser:
     return parser
 
 
+UNWIND_ON_SIGTERM = frozenset({"synthesize", "curate", "train", "loop", "bfcl"})
+"""Commands that may start the embedded model server. Serving commands (view, mcp, openenv, serve) are left to
+their servers' own signal handling: unwinding an event loop that waits on stdin would hang instead of exiting."""
+
+
 def stop_on_sigterm() -> None:
     """Make SIGTERM unwind the stack like Ctrl-C does: ``with``/``finally`` blocks run, so a server the command
     started (the embedded model, a sandboxed worker) stops with it instead of being left behind. Python's default
@@ -893,9 +898,10 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     apply_offline_env()
-    stop_on_sigterm()
     argv = sys.argv[1:] if argv is None else list(argv)
     command = command_of(argv)
+    if command in UNWIND_ON_SIGTERM:
+        stop_on_sigterm()
     args = None
     try:
         parser = build_parser(command if command in CONFIG_COMMANDS else None)
