@@ -215,7 +215,7 @@ def test_an_update_to_the_same_value_is_not_a_write_the_plan_needs(tmp_path: Pat
         result, error = work.execute("updateNote", values)
         assert error is None
         step = ExecutedStep("s0", "updateNote", values, values, result, 0)
-        assert sampler._writes_all_matter([step], work) is needed, title
+        assert (sampler._undetectable_write([step], work) is None) is needed, title
     # and the request says it in words, from the summary: "rename a note: note 1 with title …"
     assert src.specs["updateNote"].phrase.startswith("rename a note: {id:note}")
     assert forbidden_action(src.specs["updateNote"]) == "rename a note"
