@@ -26,7 +26,9 @@ from storage import Corpus
 CATALOGS = Path(__file__).resolve().parents[2].parent / "shared" / "catalogs" / "openapi"
 PETSTORE = CATALOGS / "oai" / "petstore-expanded.yaml"
 TWILIO = CATALOGS / "twilio" / "twilio_conversations_v1.json"
-needs_catalogs = pytest.mark.skipif(not PETSTORE.is_file(), reason="../shared/catalogs is not there")
+# CI has ../shared beside the checkout: there a missing catalog fails the test instead of skipping it
+needs_catalogs = pytest.mark.skipif(not PETSTORE.is_file() and not os.environ.get("CI"),
+                                    reason="../shared/catalogs is not there")
 
 ROOT = """openapi: 3.0.3
 info: {title: Shop, version: "1"}
