@@ -13,12 +13,14 @@ import inspect
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envs import Environment, observation
 from generators.tasks import answer_label, answer_value, noun
-from schemas import Message, Task, Trajectory
+from schemas import Message, PlanStep, Task, Trajectory
+from schemas.controls import Control, ExtraWrite, HallucinatedAnswer, MissingStep, NoOp, Refusal, WrongArgument
 from schemas.verifier import AnswerCheck
 
 STOP = "###STOP###"
@@ -200,19 +202,98 @@ class ScriptedUser:
         return f"Thanks, that's everything. {STOP}"
 
 
-@dataclass
-class Fault:
-    """How a negative-control assistant departs from the reference plan."""
+class Play:
+    """How the oracle plays a negative control (``schemas.controls``): hooks it calls at the points where a
+    control can depart from the reference. Each hook does what the reference does; a kind's play overrides the
+    hooks where it departs. The reference itself is played by this class with no control.
+    """
 
-    kind: str  # "no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step", "extra_write"
-    step: str | None = None
-    param: str | None = None
-    value: Any = None
-    tool: str | None = None
-    args: dict[str, Any] | None = None
+    def __init__(self, control: Control | None = None):
+        self.control = control
 
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
+    def skipped(self, task: Task) -> set[str]:
+        """Plan steps left out (steps that need one of their results are left out too)."""
+        return set()
+
+    def reply(self, task: Task, answer: AnswerCheck, n_requests: int) -> Message | None:
+        """A reply in place of the reference's turn (None: the reference's turn), given the requests made."""
+        return None
+
+    def call(self, step: PlanStep, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The tool and arguments of ``step``'s call, given the reference's (resolved) arguments."""
+        return step.tool, args
+
+    def closing_call(self, results: dict[str, str]) -> dict[str, Any] | None:
+        """A call made after the last request was served, before the report (None: report)."""
+        return None
+
+
+# Control kind name -> its play; ``OracleAssistant`` refuses a control whose kind has none.
+PLAYS: dict[str, type[Play]] = {}
+
+
+def plays(cls: type[Control]) -> Callable[[type[Play]], type[Play]]:
+    """Register a ``Play`` subclass as how the oracle plays the control kind ``cls``."""
+
+    def register(play: type[Play]) -> type[Play]:
+        if cls.kind in PLAYS:
+            raise ValueError(f"a play for control kind {cls.kind!r} is already registered ({PLAYS[cls.kind].__name__})")
+        PLAYS[cls.kind] = play
+        return play
+
+    return register
+
+
+@plays(NoOp)
+class NoOpPlay(Play):
+    def reply(self, task: Task, answer: AnswerCheck, n_requests: int) -> Message | None:
+        return {"role": "assistant", "content": "All done!"}
+
+
+@plays(Refusal)
+class RefusalPlay(Play):
+    def reply(self, task: Task, answer: AnswerCheck, n_requests: int) -> Message | None:
+        return {"role": "assistant", "content": "I'm sorry, but I can't help with that request."}
+
+
+@plays(HallucinatedAnswer)
+class HallucinatedAnswerPlay(Play):
+    """The right answer, with no call behind it."""
+
+    def reply(self, task: Task, answer: AnswerCheck, n_requests: int) -> Message | None:
+        if n_requests < len(task.requests):
+            return {"role": "assistant", "content": "Done. Let me know what else you need."}
+        return {"role": "assistant", "content": "All done. Here is what you asked for: "
+                + "; ".join(str(v) for v in answer.expected) + "."}
+
+
+@plays(WrongArgument)
+class WrongArgumentPlay(Play):
+    control: WrongArgument
+
+    def call(self, step: PlanStep, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        if step.id == self.control.step:
+            args[self.control.param] = self.control.value
+        return step.tool, args
+
+
+@plays(MissingStep)
+class MissingStepPlay(Play):
+    control: MissingStep
+
+    def skipped(self, task: Task) -> set[str]:
+        return {self.control.step}
+
+
+@plays(ExtraWrite)
+class ExtraWritePlay(Play):
+    control: ExtraWrite
+
+    def closing_call(self, results: dict[str, str]) -> dict[str, Any] | None:
+        if "call_extra" in results:
+            return None
+        return {"id": "call_extra", "type": "function",
+                "function": {"name": self.control.tool, "arguments": json.dumps(self.control.args)}}
 
 
 class OracleAssistant:
@@ -220,38 +301,47 @@ class OracleAssistant:
 
     It asks for private values before using them, resolves step references from earlier tool messages,
     issues ready independent calls together when ``parallel`` is set, and reports the answer fields at the
-    end. Its whole state is derived from the messages, so it behaves like a model would: statelessly.
+    end. Its whole state is derived from the messages, so it behaves like a model would: statelessly. With a
+    ``fault`` (a negative control, ``schemas.controls``) it plays that control's ``Play``.
     """
 
-    def __init__(self, task: Task, *, parallel: bool = False, fault: Fault | None = None):
+    def __init__(self, task: Task, *, parallel: bool = False, fault: Control | None = None):
         self.task = task
         self.parallel = parallel
         self.fault = fault
         self.name = "oracle" if fault is None else f"oracle+{fault.kind}"
         self.model = None
         self.answer = task.verifier_spec.find(AnswerCheck) or AnswerCheck([], [])
-        skipped: set[str] = set()
-        if fault and fault.kind == "missing_step":
-            skipped.add(fault.step)
-            for step in task.reference_plan:  # steps that need a skipped result cannot be done either
-                if any(d in skipped for d in step.depends_on):
-                    skipped.add(step.id)
+        if fault is not None and fault.kind not in PLAYS:
+            raise ValueError(f"the oracle cannot play control kind {fault.kind!r}: no play is registered for it "
+                             f"(known: {', '.join(PLAYS)})")
+        self.play = Play() if fault is None else PLAYS[fault.kind](fault)
+        skipped = self.play.skipped(task)
+        for step in task.reference_plan:  # steps that need a skipped result cannot be done either
+            if any(d in skipped for d in step.depends_on):
+                skipped.add(step.id)
         self.skipped = skipped
 
     def act(self, messages: list[Message]) -> Message:
-        if self.fault and self.fault.kind == "no_op":
-            return {"role": "assistant", "content": "All done!"}
-        if self.fault and self.fault.kind == "refusal":
-            return {"role": "assistant", "content": "I'm sorry, but I can't help with that request."}
         user_texts = [m["content"] or "" for m in messages if m["role"] == "user"]
         n_requests = sum(1 for r in self.task.requests if r in user_texts)
-        if self.fault and self.fault.kind == "hallucinated_answer":  # the right answer, with no call behind it
-            if n_requests < len(self.task.requests):
-                return {"role": "assistant", "content": "Done. Let me know what else you need."}
-            expected = self.answer.expected
-            return {"role": "assistant", "content": "All done. Here is what you asked for: "
-                    + "; ".join(str(v) for v in expected) + "."}
+        reply = self.play.reply(self.task, self.answer, n_requests)
+        if reply is not None:
+            return reply
         results = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
+        batch = self._batch(n_requests, results)
+        if batch:
+            return self._ask_private(batch, user_texts) or {
+                "role": "assistant", "content": "", "tool_calls": [c for _, c in batch]}
+        if n_requests < len(self.task.requests):
+            return {"role": "assistant", "content": "Done. Let me know what else you need."}
+        call = self.play.closing_call(results)
+        if call is not None:
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+        return {"role": "assistant", "content": self._report(results)}
+
+    def _batch(self, n_requests: int, results: dict[str, str]) -> list[tuple[PlanStep, dict[str, Any]]]:
+        """The next calls of the plan whose inputs are ready (one unless ``parallel``), for the requests made."""
         pending = [
             s for s in self.task.reference_plan
             if s.request < n_requests and s.id not in self.skipped and f"call_{s.id}" not in results
@@ -270,23 +360,19 @@ class OracleAssistant:
             batch.append((step, call))
             if not self.parallel:
                 break
-        if batch:
-            revealed = " ".join(user_texts[1:])
-            values = [s.args[p] for s, _ in batch for p in s.private if str(s.args[p]) not in revealed]
-            missing = [k for k, v in self.task.private_info.items() if v in values]  # asked by the user's own name for it
-            if missing:
-                nouns = " and ".join(dict.fromkeys(f"your {k.replace('_', ' ')}" for k in missing))
-                return {"role": "assistant", "content": f"To do that I need {nouns}. Could you tell me?"}
-            return {"role": "assistant", "content": "", "tool_calls": [c for _, c in batch]}
-        if n_requests < len(self.task.requests):
-            return {"role": "assistant", "content": "Done. Let me know what else you need."}
-        if self.fault and self.fault.kind == "extra_write" and "call_extra" not in results:
-            call = {"id": "call_extra", "type": "function",
-                    "function": {"name": self.fault.tool, "arguments": json.dumps(self.fault.args)}}
-            return {"role": "assistant", "content": "", "tool_calls": [call]}
-        return {"role": "assistant", "content": self._report(results)}
+        return batch
 
-    def _call(self, step, results: dict[str, str]) -> dict[str, Any] | None:
+    def _ask_private(self, batch: list[tuple[PlanStep, dict[str, Any]]], user_texts: list[str]) -> Message | None:
+        """A question for the private values the batch needs and the user has not yet stated, if any."""
+        revealed = " ".join(user_texts[1:])
+        values = [s.args[p] for s, _ in batch for p in s.private if str(s.args[p]) not in revealed]
+        missing = [k for k, v in self.task.private_info.items() if v in values]  # asked by the user's own name for it
+        if not missing:
+            return None
+        nouns = " and ".join(dict.fromkeys(f"your {k.replace('_', ' ')}" for k in missing))
+        return {"role": "assistant", "content": f"To do that I need {nouns}. Could you tell me?"}
+
+    def _call(self, step: PlanStep, results: dict[str, str]) -> dict[str, Any] | None:
         args = {}
         for param, value in step.args.items():
             if isinstance(value, dict) and "$ref" in value:
@@ -298,10 +384,9 @@ class OracleAssistant:
                     return None
                 value = node
             args[param] = value
-        if self.fault and self.fault.kind == "wrong_argument" and self.fault.step == step.id:
-            args[self.fault.param] = self.fault.value
+        tool, args = self.play.call(step, args)
         return {"id": f"call_{step.id}", "type": "function",
-                "function": {"name": step.tool, "arguments": json.dumps(args, sort_keys=True)}}
+                "function": {"name": tool, "arguments": json.dumps(args, sort_keys=True)}}
 
     def _report(self, results: dict[str, str]) -> str:
         parts = []

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envs import ToolEnvironment
-from generators.agents import Fault, OracleAssistant, ScriptedUser, count_leaks, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, count_leaks, run_episode
 from generators.config import SynthesizeConfig, code_version
 from generators.graph import Coverage
 from generators.imports import RunImports
@@ -217,8 +217,7 @@ def _task(config: SynthesizeConfig, run_id: str, batch: int, index: int, envs: d
                             role="reference", trajectory_id=f"{task.task_id}-reference")
     rows.counts["user_leaks"] += count_leaks(task, reference.messages)
     episodes = [reference]
-    for spec in make_controls(task, env, reference_env, rng):
-        fault = Fault(**spec)
+    for fault in make_controls(task, env, reference_env, rng):
         episodes.append(run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel, fault=fault),
                                     env.fork(), role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}"))
     t2 = time.perf_counter()

@@ -11,9 +11,10 @@ Specified here:
 * catalog formats: the ``Format`` literal, ``FORMATS`` and ``catalog inspect --format`` list the same formats;
   a file of each format is detected as it, imports at least one tool, and opens as an executable environment
   (OpenAPI) or a simulated one (every other format);
-* control kinds: ``make_controls`` produces every kind ``CONTROL_KINDS`` declares and no other; each kind, as a
-  ``Fault`` of the oracle, departs from the reference and is rejected on outcome; ``accept`` requires only
-  declared kinds; a kind is no role other stages write;
+* control kinds: ``make_controls`` produces every kind ``schemas.controls.CONTROLS`` registers and no other;
+  every registered kind has a play (``generators.agents.PLAYS``) and, where it carries fields, a maker
+  (``verifiers.controls.MAKERS``); each kind, played by the oracle, departs from the reference and is rejected on
+  outcome; ``accept`` requires only registered kinds; a kind is no role other stages write;
 * stages: every stage repair orders (``STAGE_ORDER``) has a flow ``flows.<name>.<name>`` taking its config
   model, a CLI command, a deployment, and a ``Stage`` class (where it has one) with the same config; repair can
   redo a run of it;
@@ -25,6 +26,7 @@ Specified here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import inspect
 import io
@@ -39,19 +41,20 @@ from envs import DOMAINS, Environment
 from flows.cli import CONFIG_COMMANDS, build_parser, config_model, load_config
 from flows.repair import repair
 from flows.serve import FLOWS, deployment_specs
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import PLAYS, OracleAssistant, ScriptedUser, run_episode
 from generators.catalog import FORMATS, Format, import_catalog
 from generators.config import WEAKNESSES, EnvironmentSource, SourceKind, Weakness
 from generators.sources import Source, SourceError, content_hash, open_source
 from generators.tasks import sample_tasks
 from schemas import CheckResult, Verdict
+from schemas.controls import CONTROLS
 from stages.contract import Stage
 from storage import Corpus
 from storage.integrity import STAGE_ORDER
 from storage.selections import SELECTIONS
 from storage.sql import split_view
 from verifiers.checks import verify
-from verifiers.controls import CONTROL_KINDS, accept, make_controls
+from verifiers.controls import MAKERS, accept, make_controls
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending.md"
@@ -273,8 +276,8 @@ def test_only_openapi_opens_as_an_executable_environment(fmt, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def controlled() -> list[tuple[Environment, object, object, list[dict]]]:
-    """(initial env, task, reference trajectory, control specs) for sampled tasks of every built-in domain."""
+def controlled() -> list[tuple[Environment, object, object, list]]:
+    """(initial env, task, reference trajectory, controls) for sampled tasks of every built-in domain."""
     out = []
     for name in sorted(DOMAINS):
         env = Environment(DOMAINS[name], 0)
@@ -287,18 +290,24 @@ def controlled() -> list[tuple[Environment, object, object, list[dict]]]:
 
 
 def test_make_controls_produces_exactly_the_declared_kinds(controlled):
-    produced = {spec["kind"] for *_, specs in controlled for spec in specs}
-    declared = set(CONTROL_KINDS)
+    produced = {control.kind for *_, controls in controlled for control in controls}
+    declared = set(CONTROLS)
     assert produced == declared, f"declared, never made: {declared - produced}; made, undeclared: {produced - declared}"
 
 
+def test_every_control_kind_has_a_play_and_its_fields_a_maker():
+    """A kind is registered in ``schemas.controls``; the oracle's play and the maker of its fields hang off it."""
+    assert set(PLAYS) == set(CONTROLS), "generators.agents: a @plays(Kind) per registered kind, and no other"
+    carrying = {k for k, cls in CONTROLS.items() if dataclasses.fields(cls)}
+    assert carrying <= set(MAKERS) <= set(CONTROLS), "verifiers.controls: a @makes(Kind) per kind with fields"
+
+
 def test_every_control_kind_departs_from_the_reference_and_is_rejected_on_outcome(controlled):
-    """A kind the oracle does not implement (``OracleAssistant.act``'s if-chain on ``fault.kind``) plays the
-    reference unchanged: the verifier would then accept the control and every task would be rejected."""
-    rejected = dict.fromkeys(CONTROL_KINDS, 0)
-    for env, task, reference, specs in controlled:
-        for spec in specs:
-            fault = Fault(**spec)
+    """A play that departs nowhere plays the reference unchanged: the verifier would then accept the control and
+    every task would be rejected."""
+    rejected = dict.fromkeys(CONTROLS, 0)
+    for env, task, reference, controls in controlled:
+        for fault in controls:
             control = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
                                   role=fault.kind, trajectory_id=f"c-{fault.kind}")
             assert control.messages != reference.messages, f"{fault.kind}: the faulty oracle played the reference"
@@ -314,14 +323,14 @@ def _verdict(control: str, passed: bool) -> Verdict:
 
 def test_accept_requires_only_declared_control_kinds():
     """``accept`` names its required kinds in a literal of its own: a renamed kind leaves every task unaccepted."""
-    controls = [_verdict(k, False) for k in CONTROL_KINDS]
+    controls = [_verdict(k, False) for k in CONTROLS]
     assert accept(_verdict("reference", True), controls) == (True, None)
 
 
 def test_control_kinds_are_no_role_other_stages_write():
     # the roles synthesize, curate, train and the rollouts give their trajectories (views select by role)
     others = {"reference", "rollout", "no_tool", "minimal", "probe", "grpo", "eval"}
-    assert not set(CONTROL_KINDS) & others
+    assert not set(CONTROLS) & others
 
 
 # --- stages -----------------------------------------------------------------------------------------------------
@@ -394,7 +403,7 @@ def test_the_weakness_literal_and_list_agree():
 
 
 @pytest.mark.parametrize("heading, names", [
-    ("Source kinds", KINDS), ("Catalog formats", DETECTED), ("Negative-control kinds", CONTROL_KINDS),
+    ("Source kinds", KINDS), ("Catalog formats", DETECTED), ("Negative-control kinds", tuple(CONTROLS)),
     ("Stages", STAGE_ORDER), ("Exports", ("trl", "verl", *SELECTIONS)),
 ], ids=["source kinds", "catalog formats", "control kinds", "stages", "exports"])
 def test_the_guide_lists_exactly_the_registered_names(heading, names):

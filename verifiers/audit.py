@@ -24,9 +24,9 @@ from typing import Any
 
 from envs import Environment, ToolEnvironment, get_domain
 from schemas import Task, Trajectory
+from schemas.controls import CONTROLS
 from storage import Corpus
 from verifiers.checks import NUMBER, verify
-from verifiers.controls import CONTROL_KINDS
 
 MUTATIONS = ("drop_call", "perturb_argument", "swap_tool", "repeat_write", "corrupt_answer", "truncate")
 
@@ -119,7 +119,7 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
     trajectories: dict[str, list[Trajectory]] = {}
     for row in corpus.read("trajectories", run_id):
         # the reference and its controls; LLM rollouts and curation probes are judged elsewhere
-        if row["task_id"] in tasks and (row["role"] == "reference" or row["role"] in CONTROL_KINDS):
+        if row["task_id"] in tasks and (row["role"] == "reference" or row["role"] in CONTROLS):
             row.pop("schema_version", None)
             trajectories.setdefault(row["task_id"], []).append(Trajectory(**row))
     rng = random.Random(seed)

@@ -30,7 +30,7 @@ import pytest
 
 import envs
 from envs.mcp import WORKDIR, MCPError, database_file, mcp_source, mcp_tool
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
 from generators.tasks import sample_tasks
 from sandbox.boundary import SandboxUnavailable, availability, python_executable
@@ -752,8 +752,8 @@ def _judge(env, task, rng, pause=0.0):
         controls = []
         for spec in make_controls(task, env, final, rng):
             with env.fork() as work:
-                run = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=Fault(**spec)), work,
-                                  role=spec["kind"], trajectory_id=spec["kind"])
+                run = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=spec), work,
+                                  role=spec.kind, trajectory_id=spec.kind)
                 controls.append(verify(task, run, env, expected_pass=False))
     return reference, controls, accept(reference, controls)
 

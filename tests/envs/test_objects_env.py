@@ -20,7 +20,7 @@ import pytest
 from envs.base import ToolEnvironment
 from envs.objects import bfcl_schema, object_source
 from envs.plugin import PluginError
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.config import EnvironmentSource
 from generators.sources import ObjectsSource, SourceError, content_hash
 from generators.tasks import sample_tasks
@@ -233,8 +233,7 @@ def test_tasks_sampled_on_objects_pass_their_verifier_and_reject_all_six_control
         verdict = verify(task, reference, env)
         assert verdict.passed, verdict.components
         controls = []
-        for spec in make_controls(task, env, reference_env, rng):
-            fault = Fault(**spec)
+        for fault in make_controls(task, env, reference_env, rng):
             trajectory = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
                                      role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}")
             controls.append(verify(task, trajectory, env, expected_pass=False))

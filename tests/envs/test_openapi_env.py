@@ -32,7 +32,7 @@ from envs import Environment
 from envs.base import argument_validator
 from envs.datagen import sample_pattern, value_for
 from envs.openapi import OpenAPIDomainError, domain_from_tools
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.catalog import import_catalog
 from generators.config import SamplingConfig
 from generators.graph import ToolGraph
@@ -308,8 +308,7 @@ def test_the_task_pipeline_runs_on_the_generated_environment(domains, name, n, a
         verdict = verify(task, reference, env)
         assert verdict.passed, (task.goal, [c for c in verdict.components if not c.passed])
         controls = []
-        for spec in make_controls(task, env, ref_env, rng):
-            fault = Fault(**spec)
+        for fault in make_controls(task, env, ref_env, rng):
             traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
                                role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}")
             controls.append(verify(task, traj, env, expected_pass=False))

@@ -29,7 +29,7 @@ import pytest
 from envs import Environment
 from envs.plugin import PluginError, PluginLimits, PluginSource, locate
 from envs.registry import BuiltinSource, entry_points, plugin_content_hash, resolve_domain
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.tasks import sample_tasks
 from sandbox import SandboxUnavailable, availability
 from tests.helpers import REPO, pids_with_marker
@@ -263,8 +263,7 @@ def test_tasks_sampled_on_a_plugin_pass_their_verifier_and_reject_their_controls
         verdict = verify(task, reference, env)
         assert verdict.passed, verdict.components
         controls = []
-        for spec in make_controls(task, env, reference_env, rng):
-            fault = Fault(**spec)
+        for fault in make_controls(task, env, reference_env, rng):
             trajectory = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
                                      role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}")
             controls.append(verify(task, trajectory, env, expected_pass=False))

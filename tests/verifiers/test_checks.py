@@ -28,12 +28,14 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.config import SamplingConfig
 from generators.tasks import ExecutedStep, build_task, code_check_source, sample_tasks
 from schemas import TABLES, Task, Trajectory, Verdict
+from schemas.controls import Control, MissingStep
+from tests.verifiers.episodes import play_controls, play_reference
 from verifiers.checks import NUMBER, answer_found, verify
-from verifiers.controls import accept, make_controls
+from verifiers.controls import accept
 
 DOMAIN_NAMES = sorted(DOMAINS)
 COMPONENTS = ["format", "schema", "execution", "grounding", "observations", "state_diff", "required_calls",
@@ -151,21 +153,13 @@ class Case:
     task: Task
     reference: Trajectory
     reference_env: Environment  # in the state the reference left
-    controls: list[tuple[dict[str, Any], Trajectory]]
+    controls: list[tuple[Control, Trajectory]]
 
 
 def _case(env: Environment, task: Task, rng: random.Random) -> Case:
     """Reference and negative controls, as ``stages.synthesize.run_batch`` produces them."""
-    ref_env = env.fork()
-    reference = run_episode(task, ScriptedUser(task), OracleAssistant(task), ref_env, role="reference",
-                            trajectory_id=f"{task.task_id}-reference")
-    controls = []
-    for spec in make_controls(task, env, ref_env, rng):
-        fault = Fault(**spec)
-        traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(), role=fault.kind,
-                           trajectory_id=f"{task.task_id}-{fault.kind}")
-        controls.append((spec, traj))
-    return Case(env, task, reference, ref_env, controls)
+    reference, ref_env = play_reference(task, env)
+    return Case(env, task, reference, ref_env, play_controls(task, env, ref_env, rng))
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +208,7 @@ def test_reference_trajectory_passes_every_component(domain: str, cases) -> None
 def _control_verdicts(cases, domain: str, kind: str):
     for case in cases[domain]:
         for spec, traj in case.controls:
-            if spec["kind"] == kind:
+            if spec.kind == kind:
                 verdict = verify(case.task, traj, case.env, expected_pass=False)
                 assert verdict.control == kind and verdict.expected_pass is False
                 yield case, spec, verdict
@@ -267,7 +261,7 @@ def test_an_answer_expected_twice_must_be_stated_twice() -> None:
     task = build_task(env=env, work=work, steps=steps, initial=initial, rng=random.Random(0),
                       config=SamplingConfig(private_share=0.0), task_id="twice", run_id="test", batch=0, sampler_seed=0)
     assert task.expected_answer == [count, count]
-    skipped = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=Fault(kind="missing_step", step="s1")),
+    skipped = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=MissingStep(step="s1")),
                           env.fork(), role="missing_step", trajectory_id="t")
     assert len(skipped.tool_calls) == 1
     verdict = verify(task, skipped, env, expected_pass=False)
@@ -337,7 +331,7 @@ def test_tool_messages_that_are_not_the_real_results_fail_only_the_observations(
 def test_a_claimed_write_without_a_call_does_not_count(cases) -> None:
     """A no-op whose transcript shows a tool message (with no call behind it) still fails like the no-op."""
     case = next(c for c in cases["retail"] if c.task.expected_diff)
-    no_op = next(t for s, t in case.controls if s["kind"] == "no_op")
+    no_op = next(t for s, t in case.controls if s.kind == "no_op")
     forged = copy.deepcopy(no_op)
     ref_tool_msgs = [m for m in case.reference.messages if m["role"] == "tool"]
     forged.messages[2:2] = ref_tool_msgs
@@ -470,7 +464,7 @@ def test_a_generated_code_check_passes_the_reference_and_rejects_the_no_op(cases
     task = _with_code(case.task, code_check_source(case.task.expected_diff, case.task.expected_answer))
     ref = verify(task, case.reference, case.env)
     assert ref.passed and ref.components[-1].name == "code" and ref.components[-1].passed
-    no_op = next(t for s, t in case.controls if s["kind"] == "no_op")
+    no_op = next(t for s, t in case.controls if s.kind == "no_op")
     failed = verify(task, no_op, case.env, expected_pass=False)
     assert not failed.components[-1].passed and failed.error is None
 

@@ -1,8 +1,10 @@
 """Negative controls (``verifiers.controls``): the faults a task's verifier must reject, and acceptance.
 
 Specified here:
-* ``make_controls`` always yields no_op, refusal and missing_step (on a sink of the plan), and every fault
-  it yields is one ``generators.agents.Fault`` accepts;
+* ``make_controls`` always yields every required kind (no_op, refusal, hallucinated_answer, missing_step, the
+  last on a sink of the plan), one per kind, each a typed control of a registered kind (``schemas.controls``)
+  whose stored form (``to_dict``) is the same as ever;
+* a kind is registered once, with the fields it carries; the oracle refuses a control it has no play for;
 * a wrong_argument control changes a literal argument of the plan to a different value of the same kind;
 * an extra_write control is a state-changing call that succeeds on the reference's final state and
   changes it, and preparing it leaves that state untouched;
@@ -12,29 +14,30 @@ Specified here:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
-from typing import Any
 
 import pytest
 
 from envs import DOMAINS, Environment
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import OracleAssistant, ScriptedUser, run_episode
 from generators.tasks import sample_tasks
 from schemas import CheckResult, Task, Verdict
-from verifiers.controls import CONTROL_KINDS, accept, make_controls
+from schemas.controls import CONTROLS, Control, MissingStep, WrongArgument, control_kind, required_kinds
+from tests.verifiers.episodes import play_reference
+from verifiers.controls import accept, make_controls
 
 DOMAIN_NAMES = sorted(DOMAINS)
 _PY_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
 
 
-def _cases(domain: str, n: int = 12, seed: int = 5) -> list[tuple[Environment, Task, Environment, list[dict[str, Any]]]]:
+def _cases(domain: str, n: int = 12, seed: int = 5) -> list[tuple[Environment, Task, Environment, list[Control]]]:
     """(initial env, task, env after the reference ran, controls) for sampled tasks of one domain."""
     env = Environment(DOMAINS[domain], 0)
     out = []
     for task, rng in sample_tasks(env, n, seed=seed, run_id="test"):
-        final = env.fork()
-        run_episode(task, ScriptedUser(task), OracleAssistant(task), final, role="reference", trajectory_id="r")
+        _, final = play_reference(task, env)
         assert final.state_hash() == task.final_state_hash
         before = final.state_hash()
         controls = make_controls(task, env, final, rng)
@@ -49,71 +52,93 @@ def cases() -> dict[str, list]:
     return {d: _cases(d) for d in DOMAIN_NAMES}
 
 
+def _made(cases, domain: str, kind: str) -> list[tuple[Environment, Task, Environment, Control]]:
+    """(initial env, task, final env, control) for every control of ``kind`` made in ``domain``'s cases."""
+    made = [(env, task, final, c) for env, task, final, controls in cases[domain] for c in controls if c.kind == kind]
+    assert made, f"{domain}: no {kind} control made"
+    return made
+
+
 # --- make_controls --------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_required_controls_are_always_made(domain: str, cases) -> None:
+    assert required_kinds() == {"no_op", "refusal", "hallucinated_answer", "missing_step"}
     for _, _task, _, controls in cases[domain]:
-        kinds = [c["kind"] for c in controls]
-        assert {"no_op", "refusal", "hallucinated_answer", "missing_step"} <= set(kinds)
-        assert set(kinds) <= set(CONTROL_KINDS)
+        kinds = [c.kind for c in controls]
+        assert required_kinds() <= set(kinds)
         assert len(kinds) == len(set(kinds)), "one control per kind"
-        for spec in controls:
-            Fault(**spec)  # every spec is a valid fault
+        for control in controls:
+            assert type(control) is CONTROLS[control.kind]
+            stored = control.to_dict()  # as the untyped fault specs were: the kind and every field, no other
+            assert stored == {"kind": control.kind, **vars(control)}
+            assert list(stored) == ["kind", *vars(control)]
+
+
+def test_a_kind_is_registered_once_with_the_fields_it_carries() -> None:
+    assert list(CONTROLS) == ["no_op", "refusal", "hallucinated_answer", "wrong_argument", "missing_step",
+                              "extra_write"], "the order controls are made in (their rng draws) is a run's identity"
+    assert WrongArgument(step="s1", param="qty", value=3).to_dict() == {
+        "kind": "wrong_argument", "step": "s1", "param": "qty", "value": 3}
+    with pytest.raises(TypeError):
+        MissingStep()  # a field-carrying kind is not made without its fields
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        MissingStep(step="s1").step = "s2"
+    with pytest.raises(ValueError, match="'missing_step' is already registered"):
+        control_kind("missing_step")(type("Again", (Control,), {}))
+
+
+def test_the_oracle_refuses_a_kind_it_cannot_play(cases) -> None:
+    """A kind registered without a play would otherwise play the reference and pass as a control."""
+    _, task, _, _ = cases["retail"][0]
+    wrong_tool = dataclasses.dataclass(frozen=True)(type("WrongTool", (Control,), {"kind": "wrong_tool"}))
+    with pytest.raises(ValueError, match="cannot play control kind 'wrong_tool'"):
+        OracleAssistant(task, fault=wrong_tool())
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_missing_step_skips_a_sink_of_the_plan(domain: str, cases) -> None:
     for _, task, _, controls in cases[domain]:
-        (spec,) = [c for c in controls if c["kind"] == "missing_step"]
+        (spec,) = [c for c in controls if c.kind == "missing_step"]
         plan_ids = {s.id for s in task.reference_plan}
         parents = {d for s in task.reference_plan for d in s.depends_on}
-        assert spec["step"] in plan_ids - parents
+        assert spec.step in plan_ids - parents
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_wrong_argument_changes_a_literal_to_another_value(domain: str, cases) -> None:
-    n = 0
-    for env, task, _, controls in cases[domain]:
-        for spec in (c for c in controls if c["kind"] == "wrong_argument"):
-            n += 1
-            step = next(s for s in task.reference_plan if s.id == spec["step"])
-            original = step.args[spec["param"]]
-            assert not isinstance(original, dict), "a value taken from an earlier result is not a literal"
-            assert spec["value"] != original
-            schema = env.specs[step.tool].record.parameters["properties"][spec["param"]]
-            kind = schema["type"][0] if isinstance(schema["type"], list) else schema["type"]
-            assert isinstance(spec["value"], _PY_TYPES[kind]), (spec, schema)
-            if "enum" in schema:
-                assert spec["value"] in schema["enum"]
-    assert n > 0
+    for env, task, _, spec in _made(cases, domain, "wrong_argument"):
+        step = next(s for s in task.reference_plan if s.id == spec.step)
+        original = step.args[spec.param]
+        assert not isinstance(original, dict), "a value taken from an earlier result is not a literal"
+        assert spec.value != original
+        schema = env.specs[step.tool].record.parameters["properties"][spec.param]
+        kind = schema["type"][0] if isinstance(schema["type"], list) else schema["type"]
+        assert isinstance(spec.value, _PY_TYPES[kind]), (spec, schema)
+        if "enum" in schema:
+            assert spec.value in schema["enum"]
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_wrong_argument_reaches_the_tool_call(domain: str, cases) -> None:
     """The faulty oracle really sends the wrong value (the control is not a silent copy of the reference)."""
-    env, task, _, controls = next(c for c in cases[domain] if any(s["kind"] == "wrong_argument" for s in c[3]))
-    spec = next(s for s in controls if s["kind"] == "wrong_argument")
-    traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=Fault(**spec)), env.fork(),
-                       role="wrong_argument", trajectory_id="w")
-    call = next(c for c in traj.tool_calls if c["id"] == f"call_{spec['step']}")
-    assert json.loads(call["function"]["arguments"])[spec["param"]] == spec["value"]
+    env, task, _, spec = _made(cases, domain, "wrong_argument")[0]
+    traj = run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=spec), env.fork(), role=spec.kind,
+                       trajectory_id="w")
+    call = next(c for c in traj.tool_calls if c["id"] == f"call_{spec.step}")
+    assert json.loads(call["function"]["arguments"])[spec.param] == spec.value
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
 def test_extra_write_succeeds_on_the_final_state_and_changes_it(domain: str, cases) -> None:
-    n = 0
-    for env, task, final, controls in cases[domain]:
-        for spec in (c for c in controls if c["kind"] == "extra_write"):
-            n += 1
-            assert env.specs[spec["tool"]].mutates
-            trial = Environment(env.domain_cls, env.seed, _initial=final.snapshot())
-            before = trial.state_hash()
-            _, error = trial.execute(spec["tool"], spec["args"])
-            assert error is None, f"{task.task_id}: extra write {spec} fails: {error}"
-            assert trial.state_hash() != before
-    assert n > 0
+    for env, task, final, spec in _made(cases, domain, "extra_write"):
+        assert env.specs[spec.tool].mutates
+        trial = Environment(env.domain_cls, env.seed, _initial=final.snapshot())
+        before = trial.state_hash()
+        _, error = trial.execute(spec.tool, spec.args)
+        assert error is None, f"{task.task_id}: extra write {spec} fails: {error}"
+        assert trial.state_hash() != before
 
 
 @pytest.mark.parametrize("domain", DOMAIN_NAMES)
@@ -122,10 +147,10 @@ def test_extra_write_prefers_the_forbidden_tool(domain: str, cases) -> None:
     with_rule = hits = 0
     for _, task, _, controls in cases[domain]:
         forbidden = [r["tool"] for r in task.constraints if r["kind"] == "forbidden_tool"]
-        extra = [c for c in controls if c["kind"] == "extra_write"]
+        extra = [c for c in controls if c.kind == "extra_write"]
         if forbidden and extra:
             with_rule += 1
-            hits += extra[0]["tool"] in forbidden
+            hits += extra[0].tool in forbidden
     assert with_rule and hits >= with_rule / 2, f"{domain}: {hits} of {with_rule} extra writes use the forbidden tool"
 
 

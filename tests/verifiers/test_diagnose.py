@@ -24,13 +24,14 @@ from typing import Any
 import pytest
 
 from envs import DOMAINS, Environment
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
+from generators.agents import ScriptedUser, run_episode
 from generators.config import WEAKNESSES
 from generators.tasks import sample_tasks
 from schemas import Task, Trajectory
+from schemas.controls import Control
 from tests.helpers import task_from_calls
+from tests.verifiers.episodes import play_controls, play_reference
 from verifiers.checks import verify
-from verifiers.controls import make_controls
 from verifiers.diagnose import (
     LABELS,
     PASSED,
@@ -46,8 +47,8 @@ DOMAIN_NAMES = sorted(DOMAINS)
 # --- negative controls: a free labelled test set --------------------------------------------------------------------
 
 
-def expected_label(task: Task, spec: dict[str, Any], trajectory: Trajectory) -> str:
-    kind = spec["kind"]
+def expected_label(task: Task, spec: Control, trajectory: Trajectory) -> str:
+    kind = spec.kind
     if kind in ("no_op", "refusal"):
         return "gave_up"
     if kind == "hallucinated_answer":
@@ -56,28 +57,23 @@ def expected_label(task: Task, spec: dict[str, Any], trajectory: Trajectory) -> 
         return "missing_step" if trajectory.tool_calls else "gave_up"
     if kind == "extra_write":
         forbidden = {r["tool"] for r in task.constraints if r["kind"] == "forbidden_tool"}
-        return "constraint_violation" if spec["tool"] in forbidden else "side_effect"
+        return "constraint_violation" if spec.tool in forbidden else "side_effect"
     return kind  # wrong_argument
 
 
 @pytest.fixture(scope="module")
-def controls() -> list[tuple[Task, dict[str, Any], Trajectory, Diagnosis]]:
+def controls() -> list[tuple[Task, Control, Trajectory, Diagnosis]]:
     """(task, fault spec, control trajectory, diagnosis) for every failing control of 20 tasks per domain."""
     out = []
     for domain in DOMAIN_NAMES:
         env = Environment(DOMAINS[domain], 0)
         for task, rng in sample_tasks(env, 20, seed=7, run_id="test"):
             parallel = rng.random() < 0.3
-            final = env.fork()
-            reference = run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel), final,
-                                    role="reference", trajectory_id="r")
+            reference, final = play_reference(task, env, parallel=parallel)
             verdict = verify(task, reference, env)
             assert verdict.passed
-            assert diagnose(task, reference, verdict) == Diagnosis("r", task.task_id, PASSED)
-            for spec in make_controls(task, env, final, rng):
-                fault = Fault(**spec)
-                trajectory = run_episode(task, ScriptedUser(task), OracleAssistant(task, parallel=parallel, fault=fault),
-                                         env.fork(), role=fault.kind, trajectory_id=f"c-{fault.kind}")
+            assert diagnose(task, reference, verdict) == Diagnosis(reference.trajectory_id, task.task_id, PASSED)
+            for spec, trajectory in play_controls(task, env, final, rng, parallel=parallel):
                 verdict = verify(task, trajectory, env, expected_pass=False)
                 if not verdict.passed:
                     out.append((task, spec, trajectory, diagnose(task, trajectory, verdict)))
@@ -87,8 +83,8 @@ def controls() -> list[tuple[Task, dict[str, Any], Trajectory, Diagnosis]]:
 def test_controls_are_diagnosed_as_their_fault(controls) -> None:
     total, agree = Counter(), Counter()
     for task, spec, trajectory, diagnosis in controls:
-        total[spec["kind"]] += 1
-        agree[spec["kind"]] += diagnosis.primary == expected_label(task, spec, trajectory)
+        total[spec.kind] += 1
+        agree[spec.kind] += diagnosis.primary == expected_label(task, spec, trajectory)
         assert diagnosis.primary == diagnosis.labels[0] and diagnosis.labels == [x for x in LABELS if x in diagnosis.labels]
         assert expected_label(task, spec, trajectory) in diagnosis.labels
     share = {kind: agree[kind] / total[kind] for kind in total}
@@ -104,15 +100,15 @@ def test_controls_are_diagnosed_as_their_fault(controls) -> None:
 
 def test_control_evidence_points_at_the_fault(controls) -> None:
     for _task, spec, _trajectory, diagnosis in controls:
-        if spec["kind"] == "wrong_argument":
+        if spec.kind == "wrong_argument":
             first = diagnosis.evidence["wrong_argument"][0]  # the earliest wrong call is the faulted one
-            assert (first["step"], first["param"], first["got"]) == (spec["step"], spec["param"], spec["value"])
+            assert (first["step"], first["param"], first["got"]) == (spec.step, spec.param, spec.value)
             assert not first.get("guessed_private"), "the control asked for the private value, then changed it"
             assert diagnosis.step == first["call"]
-        elif spec["kind"] == "missing_step":
-            assert spec["step"] in [e["step"] for e in diagnosis.evidence["missing_step"]]
-        elif spec["kind"] == "extra_write":
-            assert diagnosis.evidence[diagnosis.primary][0]["tool"] == spec["tool"]
+        elif spec.kind == "missing_step":
+            assert spec.step in [e["step"] for e in diagnosis.evidence["missing_step"]]
+        elif spec.kind == "extra_write":
+            assert diagnosis.evidence[diagnosis.primary][0]["tool"] == spec.tool
 
 
 # --- hand-built conversations -------------------------------------------------------------------------------------

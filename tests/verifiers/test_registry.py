@@ -16,13 +16,13 @@ import dataclasses
 import pytest
 
 from envs import DOMAINS, Environment
-from generators.agents import Fault, OracleAssistant, ScriptedUser, run_episode
 from generators.tasks import sample_tasks
 from schemas import CheckResult, Verdict
 from schemas.verifier import COMPONENTS, OUTCOME, PROCESS, RULES, Component
 from training.grpo import reward
+from tests.verifiers.episodes import play_controls, play_reference
 from verifiers.checks import CHECKS, RULE_CHECKS, check, verify
-from verifiers.controls import accept, make_controls
+from verifiers.controls import accept
 
 
 def test_every_component_has_one_check_and_every_rule_one_rule_check():
@@ -39,14 +39,8 @@ def judged():
     """An accepted sampled task, its environment, its reference and its controls (scripted, no model)."""
     env = Environment(DOMAINS["retail"], 7)
     for task, rng in sample_tasks(env, 8, seed=3, run_id="registry"):
-        ref_env = env.fork()
-        ref = run_episode(task, ScriptedUser(task), OracleAssistant(task), ref_env, role="reference",
-                          trajectory_id=f"{task.task_id}-reference")
-        controls = []
-        for spec in make_controls(task, env, ref_env, rng):
-            fault = Fault(**spec)
-            controls.append(run_episode(task, ScriptedUser(task), OracleAssistant(task, fault=fault), env.fork(),
-                                        role=fault.kind, trajectory_id=f"{task.task_id}-{fault.kind}"))
+        ref, ref_env = play_reference(task, env)
+        controls = [trajectory for _, trajectory in play_controls(task, env, ref_env, rng)]
         if accept(verify(task, ref, env), [verify(task, c, env, expected_pass=False) for c in controls])[0]:
             return task, env, ref, controls
     raise AssertionError("no accepted task among 8 sampled")
