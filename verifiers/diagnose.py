@@ -67,7 +67,7 @@ import jsonschema
 
 from envs import DOMAINS, ToolSpec
 from envs.base import argument_validator
-from schemas import Task, Trajectory, Verdict
+from schemas import CheckResult, Task, Trajectory, Verdict
 from schemas.verifier import COMPONENTS, AnswerCheck, RequiredCallsCheck
 from verifiers.checks import (
     NUMBER,
@@ -163,36 +163,90 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
                     failed_components=failed)
     if verdict.passed:
         return out
-    ev: dict[str, list[dict[str, Any]]] = {}
     if any(c.name == "environment" for c in verdict.components):  # drift: no judgement of the trajectory holds
         out.primary, out.labels, out.evidence = "other", ["other"], {"other": [{"detail": verdict.error or ""}]}
         return out
+    case = _read(task, trajectory, verdict)
+    for find in _FINDERS:  # each adds the evidence of its labels; later ones read what earlier ones found
+        find(case)
+    ev = case.evidence
+    if not ev:
+        case.add("other", detail="; ".join(f"{n}: {case.component[n].detail}" for n in failed) or (verdict.error or ""))
+    out.labels = [label for label in LABELS if label in ev]
+    out.primary = out.labels[0]
+    out.evidence = {label: ev[label] for label in out.labels}
+    head = min(ev[out.primary], key=lambda e: (e.get("call", 1 << 30), e.get("message", 1 << 30)))
+    out.step, out.message = head.get("call"), head.get("message")
+    return out
 
-    def add(label: str, **facts: Any) -> None:
-        ev.setdefault(label, []).append({k: v for k, v in facts.items() if v is not None})
 
-    component = {c.name: c for c in verdict.components}
+@dataclass
+class _Case:
+    """One failed trajectory as diagnosis reads it, and the evidence found so far, per label."""
+
+    task: Task
+    component: dict[str, CheckResult]  # the verdict's components by name
+    specs: dict[str, ToolSpec]  # the built-in domain's tool specs ({} for another domain)
+    required: list[dict[str, Any]]  # the required calls: {"tool", "args"}
+    step_of: dict[int, str]  # required call -> reference plan step id
+    private_param: set[tuple[int, str]]  # (required call, parameter) holding private information
+    state_judges: list[str]  # components whose failure can mean unrequested state changes, in reading order
+    messages: list[dict[str, Any]]
+    calls: list[_Call]  # aligned with the required calls
+    seen_before: dict[int, _Before]  # per assistant message: what it could see
+    texts: list[tuple[int, str]]  # (message index, text) of assistant messages without calls
+    lost: int  # tool calls the agent wrote that the transcript lost (agent signals)
+    evidence: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, label: str, **facts: Any) -> None:
+        self.evidence.setdefault(label, []).append({k: v for k, v in facts.items() if v is not None})
+
+    @property
+    def matched(self) -> set[int | None]:
+        return {c.required for c in self.calls if c.role == "match"}
+
+    @property
+    def never(self) -> list[int]:
+        """Required calls neither matched nor attempted."""
+        tried = self.matched | {c.required for c in self.calls if c.role == "attempt"}
+        return [i for i in range(len(self.required)) if i not in tried]
+
+
+def _read(task: Task, trajectory: Trajectory, verdict: Verdict) -> _Case:
+    """What every label's finder reads: required calls, aligned calls, what was seen before each message."""
     specs: dict[str, ToolSpec] = DOMAINS[task.domain].tools() if task.domain in DOMAINS else {}
-    spec = task.verifier_spec
-    asked = spec.find(RequiredCallsCheck)
+    asked = task.verifier_spec.find(RequiredCallsCheck)
     required: list[dict[str, Any]] = [{"tool": c.tool, "args": c.args} for c in asked.calls] if asked else []
     required = required or [{"tool": s.tool, "args": s.args} for s in task.reference_plan]
     plan_ids = [s.id for s in task.reference_plan]
-    # components whose failure can mean unrequested state changes, in the order their details are read
     state_judges = [c.name for c in sorted((c for c in COMPONENTS.values() if c.side_effect_rank is not None),
                                            key=lambda c: c.side_effect_rank)]
-    step_of = {i: plan_ids[i] for i in range(len(required)) if i < len(plan_ids)}
-    private_param = {(i, p) for i, s in enumerate(task.reference_plan) for p in s.private}
-    plan_tools = {r["tool"] for r in required}
     offered = set(trajectory.tools or []) or set(specs)
     messages, _ = read_messages(trajectory.messages)  # malformed messages are the verdict's format problems
-
     calls = _calls(messages, specs, offered)
     _align(calls, required, specs)
+    return _Case(
+        task=task,
+        component={c.name: c for c in verdict.components},
+        specs=specs,
+        required=required,
+        step_of={i: plan_ids[i] for i in range(len(required)) if i < len(plan_ids)},
+        private_param={(i, p) for i, s in enumerate(task.reference_plan) for p in s.private},
+        state_judges=state_judges,
+        messages=messages,
+        calls=calls,
+        seen_before=_seen_before(messages),
+        texts=[(k, m.get("content") or "") for k, m in enumerate(messages)
+               if m.get("role") == "assistant" and not m.get("tool_calls")],
+        lost=sum(int(trajectory.metadata.get("signals", {}).get(s, 0) or 0) for s in FORMAT_SIGNALS),
+    )
 
-    # What the assistant could see before each message: user text and tool results (as the verifier counts).
+
+def _seen_before(messages: list[dict[str, Any]]) -> dict[int, _Before]:
+    """What the assistant could see before each of its messages: user text and tool results (as the verifier
+    counts)."""
     seen = SeenValues()
-    seen_before: dict[int, _Before] = {}  # per assistant message
+    seen_before: dict[int, _Before] = {}
     for k, m in enumerate(messages):
         if m.get("role") == "assistant":
             seen_before[k] = _Before(seen, k)
@@ -203,162 +257,228 @@ def diagnose(task: Task, trajectory: Trajectory, verdict: Verdict) -> Diagnosis:
                 seen.show(json.loads(m.get("content") or "null"), k)
             except (TypeError, ValueError, RecursionError):  # not JSON, past the digit limit, nested too deep
                 pass
+    return seen_before
 
-    # format_error
-    for c in calls:
+
+def _format_errors(case: _Case) -> None:
+    for c in case.calls:
         if c.status == "malformed":
-            add("format_error", call=c.index, message=c.message, tool=c.name, detail=c.error)
-    lost = sum(int(trajectory.metadata.get("signals", {}).get(s, 0) or 0) for s in FORMAT_SIGNALS)
-    if lost:
-        add("format_error", detail=f"{lost} tool call(s) written but not readable (agent signals)")
-    # unknown_tool
-    for c in calls:
+            case.add("format_error", call=c.index, message=c.message, tool=c.name, detail=c.error)
+    if case.lost:
+        case.add("format_error", detail=f"{case.lost} tool call(s) written but not readable (agent signals)")
+
+
+def _unknown_tools(case: _Case) -> None:
+    for c in case.calls:
         if c.status == "unknown":
-            add("unknown_tool", call=c.index, message=c.message, tool=c.name, detail=c.error)
-    # looping
+            case.add("unknown_tool", call=c.index, message=c.message, tool=c.name, detail=c.error)
+
+
+def _looping(case: _Case) -> None:
     groups: dict[tuple[str | None, str], list[_Call]] = {}
-    for c in calls:
+    for c in case.calls:
         groups.setdefault((c.name, _key(c)), []).append(c)
     for (name, key), group in groups.items():
-        needed = sum(1 for r in required if r["tool"] == name
+        needed = sum(1 for r in case.required if r["tool"] == name
                      and json.dumps(r["args"], sort_keys=True, default=str) == key)  # a plan may repeat a call
         if (len(group) >= 2 and group[0].status != "ok") or len(group) - needed >= LOOP_REPEATS - 1:
-            add("looping", call=group[1].index, message=group[1].message, tool=name, repeats=len(group),
-                calls=[c.index for c in group], detail=group[0].error)
-    # invalid_arguments
-    for c in calls:
+            case.add("looping", call=group[1].index, message=group[1].message, tool=name, repeats=len(group),
+                     calls=[c.index for c in group], detail=group[0].error)
+
+
+def _invalid_arguments(case: _Case) -> None:
+    for c in case.calls:
         if c.status == "invalid":
-            add("invalid_arguments", call=c.index, message=c.message, tool=c.name, detail=c.error,
-                step=step_of.get(c.required) if c.required is not None else None)
-    # wrong_tool / wrong_argument / missing_step / extra calls
-    matched = {c.required for c in calls if c.role == "match"}
-    attempted = {c.required for c in calls if c.role == "attempt"}
-    never = [i for i in range(len(required)) if i not in matched and i not in attempted]
-    for c in calls:
+            case.add("invalid_arguments", call=c.index, message=c.message, tool=c.name, detail=c.error,
+                     step=case.step_of.get(c.required) if c.required is not None else None)
+
+
+def _wrong_arguments(case: _Case) -> None:
+    """Attempts at a required call: one fact per argument whose value differs (defaults filled in)."""
+    for c in case.calls:
         if c.role != "attempt" or c.status not in ("ok", "error"):
             continue
-        want = required[c.required]
-        defaults = _defaults(specs, want["tool"])
+        want = case.required[c.required]
+        defaults = _defaults(case.specs, want["tool"])
         got = {**defaults, **(c.args or {})}
         exp = {**defaults, **want["args"]}
         params = sorted(p for p in set(got) | set(exp) if got.get(p) != exp.get(p)) or [None]
         detail = c.error if params != [None] else f"the reference's arguments, but the call failed: {c.error}"
         for p in params:
             guessed = None
-            if p is not None and (c.required, p) in private_param:
-                guessed = not seen_before[c.message].said(str(exp.get(p)))
-            add("wrong_argument", call=c.index, message=c.message, tool=c.name, step=step_of.get(c.required),
-                param=p, expected=exp.get(p) if p else want["args"], got=got.get(p) if p else c.args,
-                guessed_private=guessed, detail=detail)
-    for c in calls:
+            if p is not None and (c.required, p) in case.private_param:
+                guessed = not case.seen_before[c.message].said(str(exp.get(p)))
+            case.add("wrong_argument", call=c.index, message=c.message, tool=c.name, step=case.step_of.get(c.required),
+                     param=p, expected=exp.get(p) if p else want["args"], got=got.get(p) if p else c.args,
+                     guessed_private=guessed, detail=detail)
+
+
+def _extra_calls(case: _Case) -> None:
+    """Calls that serve no required call: a wrong tool (while a required call is never attempted), a write with
+    the final state wrong (side effect), and every one of them an extra call."""
+    never = case.never
+    plan_tools = {r["tool"] for r in case.required}
+    for c in case.calls:
         if c.role != "extra" or c.status not in ("ok", "error"):
             continue
         if c.name not in plan_tools and never:
-            add("wrong_tool", call=c.index, message=c.message, tool=c.name,
-                expected=[required[i]["tool"] for i in never], detail=c.error)
+            case.add("wrong_tool", call=c.index, message=c.message, tool=c.name,
+                     expected=[case.required[i]["tool"] for i in never], detail=c.error)
             continue
-        writes = c.name in specs and specs[c.name].mutates
-        state_wrong = any(not component[n].passed for n in state_judges if n in component)
+        writes = c.name in case.specs and case.specs[c.name].mutates
+        state_wrong = any(not case.component[n].passed for n in case.state_judges if n in case.component)
         if c.status == "ok" and writes and state_wrong:
-            add("side_effect", call=c.index, message=c.message, tool=c.name, got=c.args)
-        add("extra_calls", call=c.index, message=c.message, tool=c.name, got=c.args, detail=c.error)
-    for i in never:
-        add("missing_step", step=step_of.get(i), tool=required[i]["tool"], expected=required[i]["args"])
-    # The verifier's word for an unrequested change counts only if a write other than a required one succeeded:
-    # a skipped insert renumbers the generated keys of the ones made, which reads as "unrequested changes" too.
-    stray = [c for c in calls if c.role != "match" and c.status == "ok" and (c.name not in specs or specs[c.name].mutates)]
-    for name in state_judges:
-        detail = component[name].detail if name in component and not component[name].passed else ""
-        if ("unrequested changes" in detail or "unexpected changes" in detail) and stray and "side_effect" not in ev:
-            add("side_effect", call=stray[0].index, message=stray[0].message, tool=stray[0].name, detail=detail)
-    # constraint_violation
-    for rule in task.constraints:
+            case.add("side_effect", call=c.index, message=c.message, tool=c.name, got=c.args)
+        case.add("extra_calls", call=c.index, message=c.message, tool=c.name, got=c.args, detail=c.error)
+
+
+def _missing_steps(case: _Case) -> None:
+    for i in case.never:
+        case.add("missing_step", step=case.step_of.get(i), tool=case.required[i]["tool"],
+                 expected=case.required[i]["args"])
+
+
+def _reported_side_effects(case: _Case) -> None:
+    """The verifier's word for an unrequested change counts only if a write other than a required one succeeded:
+    a skipped insert renumbers the generated keys of the ones made, which reads as "unrequested changes" too."""
+    stray = [c for c in case.calls
+             if c.role != "match" and c.status == "ok" and (c.name not in case.specs or case.specs[c.name].mutates)]
+    for name in case.state_judges:
+        component = case.component.get(name)
+        detail = component.detail if component is not None and not component.passed else ""
+        if ("unrequested changes" in detail or "unexpected changes" in detail) and stray \
+                and "side_effect" not in case.evidence:
+            case.add("side_effect", call=stray[0].index, message=stray[0].message, tool=stray[0].name, detail=detail)
+
+
+def _constraint_violations(case: _Case) -> None:
+    calls = case.calls
+    for rule in case.task.constraints:
         if rule.get("kind") == "forbidden_tool":
             for c in calls:
                 if c.name == rule["tool"]:
-                    add("constraint_violation", call=c.index, message=c.message, tool=c.name,
-                        detail=f"called forbidden tool {c.name}")
+                    case.add("constraint_violation", call=c.index, message=c.message, tool=c.name,
+                             detail=f"called forbidden tool {c.name}")
         elif rule.get("kind") == "max_calls" and len(calls) > rule["value"]:
-            add("constraint_violation", call=calls[rule["value"]].index, message=calls[rule["value"]].message,
-                detail=f"{len(calls)} calls > {rule['value']}")
-    # answers: premature (stated before seen) or wrong (source call made, value not stated)
-    answer = spec.find(AnswerCheck)
-    expected = answer.expected if answer else []
-    sources = [{"step": a.step, "field": a.field} for a in answer.sources] if answer else []
-    answer_failed = "answer" in component and not component["answer"].passed
-    texts = [(k, m.get("content") or "") for k, m in enumerate(messages)
-             if m.get("role") == "assistant" and not m.get("tool_calls")]
-    src_index = {sid: plan_ids.index(s["step"]) for s in sources if (sid := s["step"]) in plan_ids}
-    made_at = {c.required: c.message for c in calls if c.role == "match"}
-    tried_at: dict[int, int] = {}  # required call -> message of its first successful match or attempt
-    for c in calls:
-        if c.required is not None and c.status == "ok":
-            tried_at.setdefault(c.required, c.message)
-    pairs = list(zip(expected, sources + [{}] * (len(expected) - len(sources))))
+            case.add("constraint_violation", call=calls[rule["value"]].index, message=calls[rule["value"]].message,
+                     detail=f"{len(calls)} calls > {rule['value']}")
+
+
+@dataclass
+class _Answer:
+    """The task's expected answer and when its source calls were made in the conversation."""
+
+    expected: list[Any]
+    sources: list[dict[str, str]]  # {"step", "field"} per expected value (fewer where the spec has fewer)
+    src_index: dict[str, int]  # source step id -> required call
+    made_at: dict[int | None, int]  # required call -> message of its match
+    tried_at: dict[int, int]  # required call -> message of its first successful match or attempt
+
+    @classmethod
+    def of(cls, case: _Case) -> _Answer:
+        answer = case.task.verifier_spec.find(AnswerCheck)
+        plan_ids = [s.id for s in case.task.reference_plan]
+        sources = [{"step": a.step, "field": a.field} for a in answer.sources] if answer else []
+        tried_at: dict[int, int] = {}
+        for c in case.calls:
+            if c.required is not None and c.status == "ok":
+                tried_at.setdefault(c.required, c.message)
+        return cls(expected=answer.expected if answer else [], sources=sources,
+                   src_index={sid: plan_ids.index(s["step"]) for s in sources if (sid := s["step"]) in plan_ids},
+                   made_at={c.required: c.message for c in case.calls if c.role == "match"}, tried_at=tried_at)
+
+    @property
+    def pairs(self) -> list[tuple[Any, dict[str, str]]]:
+        """(expected value, its source or {})."""
+        return list(zip(self.expected, self.sources + [{}] * (len(self.expected) - len(self.sources))))
+
+    def tried_by(self, step: str | None, default: int) -> int:
+        """The message where the source call of ``step`` was first made successfully (``default`` if never)."""
+        return self.tried_at.get(self.src_index.get(step), default)
+
+
+def _answers(case: _Case) -> None:
+    """Premature answers (stated before seen), then wrong ones (source call made, value not stated)."""
+    answer = _Answer.of(case)
+    _premature_answers(case, answer)
+    if "answer" in case.component and not case.component["answer"].passed:
+        _wrong_answers(case, answer)
+
+
+def _premature_answers(case: _Case, answer: _Answer) -> None:
+    texts, end = case.texts, len(case.messages)
+    pairs = answer.pairs
     for value, src in pairs:
         first = next((k for k, t in texts if answer_found(value, t)), None)
         if first is None:
             continue
-        source = src_index.get(src.get("step"))
-        if not seen_before[first].knows(value):
-            add("premature_answer", message=first, expected=value, step=src.get("step"),
-                detail="stated before any message showed it")
-        elif source is not None and tried_at.get(source, len(messages)) > first and not seen_before[first].shown(value):
+        source = answer.src_index.get(src.get("step"))
+        if not case.seen_before[first].knows(value):
+            case.add("premature_answer", message=first, expected=value, step=src.get("step"),
+                     detail="stated before any message showed it")
+        elif source is not None and answer.tried_at.get(source, end) > first and not case.seen_before[first].shown(value):
             # an answer expected twice (two counts that are both 2) is premature only if stated more often
             # than the sources of that value already made
             said = occurrences(value, "\n".join(t for k, t in texts if k <= first))
-            made = sum(1 for v, s in pairs if v == value and tried_at.get(src_index.get(s.get("step")),
-                                                                           len(messages)) <= first)
+            made = sum(1 for v, s in pairs if v == value and answer.tried_by(s.get("step"), end) <= first)
             if said > made:
-                add("premature_answer", message=first, expected=value, step=src.get("step"),
-                    detail="stated before its source call was made")
-    sources_made = all(src_index.get(s["step"]) in made_at for s in sources)
-    if answer_failed:
-        invented = list(dict.fromkeys((k, n) for k, t in texts for n in _numbers(t) if not seen_before[k].knows(n)))
-        final = texts[-1] if texts else (None, "")
-        if invented and not sources_made:
-            add("premature_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
-                detail="numbers not from the conversation while an answer's source call is missing")
-        elif invented:
-            add("wrong_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
-                detail="numbers not from the conversation")
-        answer_text = "\n".join(t for _, t in texts)
-        need: Counter[str] = Counter()
-        for value, src in zip(expected, sources):  # as ``missing_answers``: a value expected twice is said twice
-            need[json.dumps(value, sort_keys=True, default=str)] += 1
-            if (src_index.get(src["step"]) in made_at
-                    and occurrences(value, answer_text) < need[json.dumps(value, sort_keys=True, default=str)]):
-                add("wrong_answer", message=final[0], step=src["step"], expected=value, got=final[1][:200])
-        if "wrong_answer" not in ev and "premature_answer" not in ev and sources_made:
-            add("wrong_answer", message=final[0], detail=component["answer"].detail, got=final[1][:200])
-    # gave_up
-    if not calls and not lost and "premature_answer" not in ev:
+                case.add("premature_answer", message=first, expected=value, step=src.get("step"),
+                         detail="stated before its source call was made")
+
+
+def _wrong_answers(case: _Case, answer: _Answer) -> None:
+    """The answer component failed: invented numbers, expected values not stated although their source was made."""
+    texts = case.texts
+    sources_made = all(answer.src_index.get(s["step"]) in answer.made_at for s in answer.sources)
+    invented = list(dict.fromkeys((k, n) for k, t in texts for n in _numbers(t) if not case.seen_before[k].knows(n)))
+    final = texts[-1] if texts else (None, "")
+    if invented and not sources_made:
+        case.add("premature_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
+                 detail="numbers not from the conversation while an answer's source call is missing")
+    elif invented:
+        case.add("wrong_answer", message=invented[0][0], got=[n for _, n in invented[:5]],
+                 detail="numbers not from the conversation")
+    answer_text = "\n".join(t for _, t in texts)
+    need: Counter[str] = Counter()
+    for value, src in zip(answer.expected, answer.sources):  # as ``missing_answers``: a value expected twice is said twice
+        need[json.dumps(value, sort_keys=True, default=str)] += 1
+        if (answer.src_index.get(src["step"]) in answer.made_at
+                and occurrences(value, answer_text) < need[json.dumps(value, sort_keys=True, default=str)]):
+            case.add("wrong_answer", message=final[0], step=src["step"], expected=value, got=final[1][:200])
+    if "wrong_answer" not in case.evidence and "premature_answer" not in case.evidence and sources_made:
+        case.add("wrong_answer", message=final[0], detail=case.component["answer"].detail, got=final[1][:200])
+
+
+def _gave_up(case: _Case) -> None:
+    texts = case.texts
+    if not case.calls and not case.lost and "premature_answer" not in case.evidence:
         k, text = texts[-1] if texts else (None, "")
-        add("gave_up", message=k, got=text[:200], detail="no tool call")
-    elif calls and len(matched) < len(required):
+        case.add("gave_up", message=k, got=text[:200], detail="no tool call")
+    elif case.calls and len(case.matched) < len(case.required):
         # a question ("Sorry, could you tell me your id?") is not giving up
         refusal = next(((k, t) for k, t in texts if _REFUSAL.search(t) and not t.rstrip().endswith("?")), None)
         if refusal:
-            add("gave_up", message=refusal[0], got=refusal[1][:200], detail="refused with required calls not made")
-    # ungrounded_argument: right values taken from nowhere
-    if "grounding" in component and not component["grounding"].passed:
-        for c in calls:
-            if c.role != "match":
-                continue
-            defaults = _defaults(specs, c.name)
-            for p, v in (c.args or {}).items():
-                if v != defaults.get(p, object()) and not seen_before[c.message].knows(v):
-                    add("ungrounded_argument", call=c.index, message=c.message, tool=c.name, param=p, got=v,
-                        step=step_of.get(c.required), guessed_private=(c.required, p) in private_param)
-    if not ev:
-        add("other", detail="; ".join(f"{n}: {component[n].detail}" for n in failed) or (verdict.error or ""))
+            case.add("gave_up", message=refusal[0], got=refusal[1][:200], detail="refused with required calls not made")
 
-    out.labels = [label for label in LABELS if label in ev]
-    out.primary = out.labels[0]
-    out.evidence = {label: ev[label] for label in out.labels}
-    head = min(ev[out.primary], key=lambda e: (e.get("call", 1 << 30), e.get("message", 1 << 30)))
-    out.step, out.message = head.get("call"), head.get("message")
-    return out
+
+def _ungrounded_arguments(case: _Case) -> None:
+    """Right values taken from nowhere (only where the grounding component failed)."""
+    if "grounding" not in case.component or case.component["grounding"].passed:
+        return
+    for c in case.calls:
+        if c.role != "match":
+            continue
+        defaults = _defaults(case.specs, c.name)
+        for p, v in (c.args or {}).items():
+            if v != defaults.get(p, object()) and not case.seen_before[c.message].knows(v):
+                case.add("ungrounded_argument", call=c.index, message=c.message, tool=c.name, param=p, got=v,
+                         step=case.step_of.get(c.required), guessed_private=(c.required, p) in case.private_param)
+
+
+# In the order they run (evidence within a label keeps this order; the premature-answer and side-effect finders
+# read what earlier ones found).
+_FINDERS = (_format_errors, _unknown_tools, _looping, _invalid_arguments, _wrong_arguments, _extra_calls,
+            _missing_steps, _reported_side_effects, _constraint_violations, _answers, _gave_up, _ungrounded_arguments)
 
 
 def weakness_profile(diagnoses: Iterable[Diagnosis], *, all_labels: bool = False) -> dict[str, float]:
