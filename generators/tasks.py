@@ -536,34 +536,88 @@ def build_task(
 ) -> Task | None:
     """Phrase an executed plan as a task with its expected outcome and per-instance verifier spec."""
     specs = env.specs
-    index = {s.id: i for i, s in enumerate(steps)}
-    # private information: identifying literals the user knows but does not say up front
-    # Decided once per value: a value the user keeps private is never stated, whichever step uses it.
-    private_info: dict[str, Any] = {}
-    key_of: dict[str, str | None] = {}  # value -> private_info key, or None once decided public
-    private: dict[str, list[str]] = {s.id: [] for s in steps}
-    for s in steps:
-        for param, value in s.args.items():
-            # The user keeps their own identifiers to themselves; a new value (a city to move to) is the request
-            # itself, and shared things (a room, a product, a payee) are not "mine".
-            identifying = (is_id(param) and noun(param) not in SHARED_ENTITIES) or param == "email"
-            if isinstance(value, dict) or not identifying or not isinstance(value, str):
-                continue
-            if value not in key_of:
-                keep = param not in private_info and rng.random() < config.private_share
-                key_of[value] = param if keep else None
-                if keep:
-                    private_info[param] = value
-            if key_of[value] is not None:
-                private[s.id].append(param)
-    # one request per state change: the user asks for one thing at a time
+    private = _Private.of(steps, rng, config.private_share)
+    requests_of = _requests_of(steps, specs)
+    answers, sources = _answers(steps, specs)
+    expected_diff = work.diff(initial)
+    children = {p for s in steps for p in s.parents}
+    prose = all(not isinstance(s.result, (dict, list)) for s in steps if s.id not in children)
+    if not answers and not (prose and expected_diff):
+        # A server that answers in prose (mcp-server-git: "Changes committed successfully …") has no answer
+        # field: a plan of its that writes is checked by its state diff alone. Structured results without a
+        # scalar to ask about make no task, as before.
+        return None
+    rules, closing = _rules(steps, specs, rng)
+    requests = _requests(steps, specs, private, requests_of, sources, closing)
+    checks = _checks(steps, expected_diff, answers, sources, rules, code_check)
+    plan = [
+        PlanStep(id=s.id, tool=s.tool, args=s.args, private=private.params[s.id], request=requests_of[s.id])
+        for s in steps
+    ]
+    return Task(
+        task_id=task_id,
+        run_id=run_id,
+        batch=batch,
+        domain=env.domain_cls.name,
+        env_seed=env.seed,
+        goal=" ".join(requests),
+        requests=requests,
+        private_info=private.info,
+        constraints=[record_json(r) for r in rules],
+        reference_plan=plan,
+        expected_diff=expected_diff,
+        expected_answer=answers,
+        signature=signature(steps),
+        lineage=Lineage(generator="graph-sampler/execute-first", sampler_seed=sampler_seed),
+        initial_state_hash=env.state_hash(),
+        final_state_hash=work.state_hash(),
+        verifier=VerifierSpec(checks).to_json(),
+    )
+
+
+@dataclass
+class _Private:
+    """Private information: identifying literals the user knows but does not say up front. Decided once per
+    value: a value the user keeps private is never stated, whichever step uses it."""
+
+    info: dict[str, Any]  # private_info key (the first parameter that held it) -> value
+    key_of: dict[Any, str | None]  # value -> its private_info key, or None once decided public
+    params: dict[str, list[str]]  # step id -> its parameters holding a private value
+
+    @classmethod
+    def of(cls, steps: list[ExecutedStep], rng: random.Random, share: float) -> _Private:
+        out = cls({}, {}, {s.id: [] for s in steps})
+        for s in steps:
+            for param, value in s.args.items():
+                # The user keeps their own identifiers to themselves; a new value (a city to move to) is the
+                # request itself, and shared things (a room, a product, a payee) are not "mine".
+                identifying = (is_id(param) and noun(param) not in SHARED_ENTITIES) or param == "email"
+                if isinstance(value, dict) or not identifying or not isinstance(value, str):
+                    continue
+                if value not in out.key_of:
+                    keep = param not in out.info and rng.random() < share
+                    out.key_of[value] = param if keep else None
+                    if keep:
+                        out.info[param] = value
+                if out.key_of[value] is not None:
+                    out.params[s.id].append(param)
+        return out
+
+
+def _requests_of(steps: list[ExecutedStep], specs: dict[str, ToolSpec]) -> dict[str, int]:
+    """Step id -> the request that asks for it: one request per state change, the user asks for one thing at a
+    time (at most three requests, the last step in the last)."""
     requests_of: dict[str, int] = {}
     req = 0
     for s in steps:
         requests_of[s.id] = req
         if specs[s.tool].mutates and req < 2 and s is not steps[-1]:
             req += 1
-    n_requests = max(requests_of.values()) + 1
+    return requests_of
+
+
+def _answers(steps: list[ExecutedStep], specs: dict[str, ToolSpec]) -> tuple[list[Any], list[AnswerSource]]:
+    """The expected answer: a scalar of each result no later step reads, and where it comes from."""
     children = {p for s in steps for p in s.parents}
     answers, sources = [], []
     for s in steps:
@@ -574,50 +628,47 @@ def build_task(
         if value is not None and not isinstance(value, (dict, list)):
             answers.append(value)
             sources.append(AnswerSource(step=s.id, field=field))
-    expected_diff = work.diff(initial)
-    prose = all(not isinstance(s.result, (dict, list)) for s in steps if s.id not in children)
-    if not answers and not (prose and expected_diff):
-        # A server that answers in prose (mcp-server-git: "Changes committed successfully …") has no answer
-        # field: a plan of its that writes is checked by its state diff alone. Structured results without a
-        # scalar to ask about make no task, as before.
-        return None
-    lines: list[list[str]] = [[] for _ in range(n_requests)]
-    for s in steps:
-        rendered = {}
-        labels = {m.group(1): m.group(2) for m in re.finditer(PLACEHOLDER, specs[s.tool].phrase) if m.group(2)}
-        for param, value in s.args.items():
-            if isinstance(value, dict):
-                ref = steps[index[value["$ref"]]]
-                k = index[ref.id] + 1
-                path = value["path"]
-                pos = next((i for i, p in enumerate(path) if isinstance(p, int)), None)
-                if pos is None:
-                    where = f"step {k}"
-                else:
-                    what = "result" if pos == 0 else noun(str(path[pos - 1])).rstrip("s")
-                    where = f"{what} #{path[pos] + 1} of step {k}"
-                rendered[param] = ("ref", f"the {noun(param)} from {where}")
-            elif param in private[s.id]:
-                key = key_of[value]
-                rendered[param] = ("private", f"my {noun(key)}{' id' if is_id(key) else ''}")
-            elif is_id(param) or param in ("email",):
-                rendered[param] = ("literal", f"{noun(param)} {value}")
+    return answers, sources
+
+
+def _phrase(s: ExecutedStep, steps: list[ExecutedStep], specs: dict[str, ToolSpec], private: _Private) -> str:
+    """One step's line of a request: its tool's phrase with each argument said as a reference to an earlier
+    step's result, the user's own private value, or the literal."""
+    index = {x.id: i for i, x in enumerate(steps)}
+    rendered = {}
+    labels = {m.group(1): m.group(2) for m in re.finditer(PLACEHOLDER, specs[s.tool].phrase) if m.group(2)}
+    for param, value in s.args.items():
+        if isinstance(value, dict):
+            ref = steps[index[value["$ref"]]]
+            k = index[ref.id] + 1
+            path = value["path"]
+            pos = next((i for i, p in enumerate(path) if isinstance(p, int)), None)
+            if pos is None:
+                where = f"step {k}"
             else:
-                rendered[param] = ("literal", f"{value}")
-            if param in labels:
-                kind, said = rendered[param]
-                ref = f"the \0 from {where}" if kind == "ref" else said
-                rendered[param] = (kind, _labelled(labels[param], kind, value, ref))
-        text = _render(specs[s.tool].phrase, rendered)
-        if labels:  # optional values side by side: "(set state to closed, friendly name to …)"
-            text = re.sub(r"\)\s+\((?:set |with |only those with )", ", ", text)
-        lines[requests_of[s.id]].append(f"{index[s.id] + 1}) {text[0].upper()}{text[1:]}.")
-    asks = []
-    for src in sources:
-        k = index[src.step] + 1
-        asks.append(f"how many results step {k} returned" if src.field == "#" else
-                    f"the {answer_label(src.field)} from step {k}")
-    # constraints: a state-changing tool the plan never needs is off limits, and the call budget is bounded
+                what = "result" if pos == 0 else noun(str(path[pos - 1])).rstrip("s")
+                where = f"{what} #{path[pos] + 1} of step {k}"
+            rendered[param] = ("ref", f"the {noun(param)} from {where}")
+        elif param in private.params[s.id]:
+            key = private.key_of[value]
+            rendered[param] = ("private", f"my {noun(key)}{' id' if is_id(key) else ''}")
+        elif is_id(param) or param in ("email",):
+            rendered[param] = ("literal", f"{noun(param)} {value}")
+        else:
+            rendered[param] = ("literal", f"{value}")
+        if param in labels:
+            kind, said = rendered[param]
+            ref = f"the \0 from {where}" if kind == "ref" else said
+            rendered[param] = (kind, _labelled(labels[param], kind, value, ref))
+    text = _render(specs[s.tool].phrase, rendered)
+    if labels:  # optional values side by side: "(set state to closed, friendly name to …)"
+        text = re.sub(r"\)\s+\((?:set |with |only those with )", ", ", text)
+    return f"{index[s.id] + 1}) {text[0].upper()}{text[1:]}."
+
+
+def _rules(steps: list[ExecutedStep], specs: dict[str, ToolSpec], rng: random.Random) -> tuple[list[Rule], list[str]]:
+    """The constraints and how the last request states them: a state-changing tool the plan never needs is off
+    limits, and the call budget is bounded."""
     used = {s.tool for s in steps}
     forbidden = sorted(t for t, sp in specs.items() if sp.mutates and t not in used)
     rules: list[Rule] = [NoExtraWrites()]
@@ -627,13 +678,31 @@ def build_task(
         rules.append(ForbiddenTool(tool))
         closing.append(f"Do not {forbidden_action(specs[tool])}.")
     rules.append(MaxCalls(2 * len(steps) + 4))
+    return rules, closing
+
+
+def _requests(steps: list[ExecutedStep], specs: dict[str, ToolSpec], private: _Private, requests_of: dict[str, int],
+              sources: list[AnswerSource], closing: list[str]) -> list[str]:
+    """The user's requests: each its steps' lines; the last also asks for the answer and states the rules."""
+    index = {s.id: i for i, s in enumerate(steps)}
+    lines: list[list[str]] = [[] for _ in range(max(requests_of.values()) + 1)]
+    for s in steps:
+        lines[requests_of[s.id]].append(_phrase(s, steps, specs, private))
+    asks = [f"how many results step {index[src.step] + 1} returned" if src.field == "#" else
+            f"the {answer_label(src.field)} from step {index[src.step] + 1}" for src in sources]
     requests = []
     for i, chunk in enumerate(lines):
         head = "Hi! I need some help. " if i == 0 else "Thanks. Next: "
         text = head + " ".join(chunk)
-        if i == n_requests - 1:
+        if i == len(lines) - 1:
             text += (f" Then tell me {'; '.join(asks)}. " if asks else " ") + " ".join(closing)
         requests.append(text)
+    return requests
+
+
+def _checks(steps: list[ExecutedStep], expected_diff: dict[str, Any], answers: list[Any], sources: list[AnswerSource],
+            rules: list[Rule], code_check: bool) -> list[Check]:
+    """The task's verifier spec: every component it asks for, with what each needs."""
     checks: list[Check] = [
         FormatCheck(),
         SchemaCheck(),
@@ -649,28 +718,7 @@ def build_task(
         source = code_check_source(expected_diff, answers)
         if source:
             checks.append(CodeCheck(source, "check"))
-    plan = [
-        PlanStep(id=s.id, tool=s.tool, args=s.args, private=private[s.id], request=requests_of[s.id]) for s in steps
-    ]
-    return Task(
-        task_id=task_id,
-        run_id=run_id,
-        batch=batch,
-        domain=env.domain_cls.name,
-        env_seed=env.seed,
-        goal=" ".join(requests),
-        requests=requests,
-        private_info=private_info,
-        constraints=[record_json(r) for r in rules],
-        reference_plan=plan,
-        expected_diff=expected_diff,
-        expected_answer=answers,
-        signature=signature(steps),
-        lineage=Lineage(generator="graph-sampler/execute-first", sampler_seed=sampler_seed),
-        initial_state_hash=env.state_hash(),
-        final_state_hash=work.state_hash(),
-        verifier=VerifierSpec(checks).to_json(),
-    )
+    return checks
 
 
 def code_check_source(expected_diff: dict[str, Any], answers: list[Any]) -> str | None:
