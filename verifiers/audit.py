@@ -110,18 +110,7 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
             for runs on the user's own tools); default: the built-in domains.
     """
     start = time.perf_counter()
-    con = corpus.connect()
-    where = "AND run_id = ?" if run_id else ""
-    ids = [r[0] for r in con.execute(
-        f"SELECT task_id FROM tasks WHERE accepted {where} ORDER BY hash(task_id || ?) LIMIT ?",
-        ([run_id] if run_id else []) + [str(seed), sample]).fetchall()]
-    tasks = {r["task_id"]: Task.from_row(r) for r in corpus.read("tasks", run_id) if r["task_id"] in set(ids)}
-    trajectories: dict[str, list[Trajectory]] = {}
-    for row in corpus.read("trajectories", run_id):
-        # the reference and its controls; LLM rollouts and curation probes are judged elsewhere
-        if row["task_id"] in tasks and (row["role"] == "reference" or row["role"] in CONTROLS):
-            row.pop("schema_version", None)
-            trajectories.setdefault(row["task_id"], []).append(Trajectory(**row))
+    ids, tasks, trajectories = _sampled(corpus, run_id, sample, seed)
     rng = random.Random(seed)
     recheck: Counter = Counter()
     mutants: dict[str, Counter] = {k: Counter() for k in MUTATIONS}
@@ -136,30 +125,8 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
             env = envs[key] = Environment(get_domain(task.domain), task.env_seed)
         else:
             env = envs[key]
-        reference = None
-        for traj in trajectories[task_id]:
-            is_ref = traj.role == "reference"
-            verdict = verify(task, traj, env, expected_pass=is_ref)
-            if verdict.error and "environment drift" in verdict.error:
-                recheck["environment_drift"] += 1
-            outcome = ("reference_passed" if is_ref and verdict.passed else "reference_failed" if is_ref else
-                       "control_rejected" if not verdict.passed else "control_accepted")
-            recheck[outcome] += 1
-            per_domain[task.domain][outcome] += 1
-            reference = traj if is_ref else reference
-        ref_outcome = _outcome(task, reference, env)
-        for kind in MUTATIONS:
-            messages = mutate(kind, reference, env, rng, task.expected_answer)
-            if messages is None:
-                mutants[kind]["not_applicable"] += 1
-                continue
-            mutant = Trajectory(**{**reference.__dict__, "messages": messages, "role": f"mutant:{kind}",
-                                   "trajectory_id": f"{reference.trajectory_id}-{kind}"})
-            effective = _outcome(task, mutant, env) != ref_outcome
-            rejected = not verify(task, mutant, env, expected_pass=False).passed
-            label = ("effective" if effective else "equivalent") + ("_rejected" if rejected else "_accepted")
-            mutants[kind][label] += 1
-            per_domain[task.domain][f"mutants_{label}"] += 1
+        reference = _recheck(task, trajectories[task_id], env, recheck, per_domain[task.domain])
+        _mutation_test(task, reference, env, rng, mutants, per_domain[task.domain])
     total_eff = sum(c["effective_rejected"] + c["effective_accepted"] for c in mutants.values())
     rejected_eff = sum(c["effective_rejected"] for c in mutants.values())
     return {
@@ -176,6 +143,60 @@ def audit(corpus: Corpus, *, run_id: str | None = None, sample: int = 200, seed:
                        for d, c in sorted(per_domain.items())},
         "seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def _sampled(corpus: Corpus, run_id: str | None, sample: int,
+             seed: int) -> tuple[list[str], dict[str, Task], dict[str, list[Trajectory]]]:
+    """The sampled accepted task ids (a seeded order), their tasks, and their references and controls."""
+    con = corpus.connect()
+    where = "AND run_id = ?" if run_id else ""
+    ids = [r[0] for r in con.execute(
+        f"SELECT task_id FROM tasks WHERE accepted {where} ORDER BY hash(task_id || ?) LIMIT ?",
+        ([run_id] if run_id else []) + [str(seed), sample]).fetchall()]
+    tasks = {r["task_id"]: Task.from_row(r) for r in corpus.read("tasks", run_id) if r["task_id"] in set(ids)}
+    trajectories: dict[str, list[Trajectory]] = {}
+    for row in corpus.read("trajectories", run_id):
+        # the reference and its controls; LLM rollouts and curation probes are judged elsewhere
+        if row["task_id"] in tasks and (row["role"] == "reference" or row["role"] in CONTROLS):
+            row.pop("schema_version", None)
+            trajectories.setdefault(row["task_id"], []).append(Trajectory(**row))
+    return ids, tasks, trajectories
+
+
+def _recheck(task: Task, trajectories: list[Trajectory], env: ToolEnvironment, recheck: Counter,
+             domain: Counter) -> Trajectory | None:
+    """Verify a task's stored reference and controls again, counting the outcomes; returns the reference."""
+    reference = None
+    for traj in trajectories:
+        is_ref = traj.role == "reference"
+        verdict = verify(task, traj, env, expected_pass=is_ref)
+        if verdict.error and "environment drift" in verdict.error:
+            recheck["environment_drift"] += 1
+        outcome = ("reference_passed" if is_ref and verdict.passed else "reference_failed" if is_ref else
+                   "control_rejected" if not verdict.passed else "control_accepted")
+        recheck[outcome] += 1
+        domain[outcome] += 1
+        reference = traj if is_ref else reference
+    return reference
+
+
+def _mutation_test(task: Task, reference: Trajectory, env: ToolEnvironment, rng: random.Random,
+                   mutants: dict[str, Counter], domain: Counter) -> None:
+    """Mutate the reference every way ``MUTATIONS`` names; count whether each mutant changes what the user sees
+    (effective) and whether the verifier rejects it."""
+    ref_outcome = _outcome(task, reference, env)
+    for kind in MUTATIONS:
+        messages = mutate(kind, reference, env, rng, task.expected_answer)
+        if messages is None:
+            mutants[kind]["not_applicable"] += 1
+            continue
+        mutant = Trajectory(**{**reference.__dict__, "messages": messages, "role": f"mutant:{kind}",
+                               "trajectory_id": f"{reference.trajectory_id}-{kind}"})
+        effective = _outcome(task, mutant, env) != ref_outcome
+        rejected = not verify(task, mutant, env, expected_pass=False).passed
+        label = ("effective" if effective else "equivalent") + ("_rejected" if rejected else "_accepted")
+        mutants[kind][label] += 1
+        domain[f"mutants_{label}"] += 1
 
 
 def _outcome(task: Task, traj: Trajectory, env: Environment) -> tuple[str, str]:
