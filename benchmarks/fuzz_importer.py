@@ -42,6 +42,7 @@ import yaml  # noqa: E402 - PyYAML: YAML import is what half of these documents 
 from envs.base import argument_validator  # noqa: E402
 from generators.catalog import MAX_DEPTH, CatalogError, load_catalog  # noqa: E402
 from storage.external import bfcl_file, default_bfcl_root, shared_root  # noqa: E402
+from tests.generators.catalog_support import holder, places, with_what_it_uses  # noqa: E402
 
 KEYWORDS = ["type", "properties", "items", "required", "$ref", "$defs", "anyOf", "allOf", "oneOf", "not", "enum",
             "default", "additionalProperties", "prefixItems", "$id", "$anchor", "$dynamicRef", "$schema", "nullable",
@@ -76,9 +77,9 @@ def real_specs() -> list[tuple[str, Any]]:
              for p in sorted((shared_root() / "catalogs" / "openapi" / "oai").glob("*.yaml"))]
     for path in sorted((shared_root() / "catalogs" / "openapi" / "twilio").glob("*.json")):
         doc = json.loads(path.read_text())
-        specs.append((path.name, sliced(doc, list(doc["paths"])[:3])))
+        specs.append((path.name, with_what_it_uses(doc, list(doc["paths"])[:3])))
     slack = json.loads((shared_root() / "catalogs" / "openapi" / "slack" / "slack_web_openapi_v2.json").read_text())
-    specs.append(("slack_web_openapi_v2.json", sliced(slack, ["/chat.postMessage", "/conversations.info",
+    specs.append(("slack_web_openapi_v2.json", with_what_it_uses(slack, ["/chat.postMessage", "/conversations.info",
                                                               "/files.upload"])))
     for category in ("simple_python", "multiple", "parallel_multiple"):
         with bfcl_file(default_bfcl_root(), category).open() as lines:
@@ -88,43 +89,6 @@ def real_specs() -> list[tuple[str, Any]]:
     specs.append(("tools.json", {"tools": [{"type": "function", "function": weather}]}))
     specs.append(("specs.json", [weather]))
     return [(name, json.loads(json.dumps(doc, default=str))) for name, doc in specs]
-
-
-def sliced(doc: dict, routes: list[str]) -> dict:
-    """``doc`` cut down to ``routes`` and the components (Swagger 2: definitions) their ``$ref``s reach."""
-    kept: dict[str, dict[str, Any]] = {}
-    definitions: dict[str, Any] = {}
-    todo = [doc["paths"][r] for r in routes]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/components/"):
-                _, _, group, key = ref.split("/", 3)
-                if key not in kept.setdefault(group, {}):
-                    kept[group][key] = doc["components"][group][key]
-                    todo.append(kept[group][key])
-            elif isinstance(ref, str) and ref.startswith("#/definitions/"):
-                key = ref.split("/", 2)[2]
-                if key not in definitions:
-                    definitions[key] = doc["definitions"][key]
-                    todo.append(definitions[key])
-            todo.extend(node.values())
-        elif isinstance(node, list):
-            todo.extend(node)
-    if "swagger" in doc:
-        return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "definitions": definitions}
-    return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "components": kept}
-
-
-def places(doc: Any) -> list[tuple[Any, ...]]:
-    out, stack = [], [((), doc)]
-    while stack:
-        path, node = stack.pop()
-        out.append(path)
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        stack.extend(((*path, k), v) for k, v in items)
-    return out
 
 
 class Documents:
@@ -161,12 +125,8 @@ class Documents:
             if not path:
                 doc = self.stress()
                 continue
-            parent = doc
-            try:
-                for key in path[:-1]:
-                    parent = parent[key]
-                parent[path[-1]]
-            except (KeyError, IndexError, TypeError):
+            parent = holder(doc, path)
+            if parent is None:
                 continue
             if how == "delete":
                 del parent[path[-1]]

@@ -836,7 +836,8 @@ def build_parser(command: str | None = None) -> _Parser:
         c.add_argument(option, dest="mcp", action=_MCPOption, metavar=what, help=f"as for synthesize {option}")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--strict", action="store_true", help="fail (exit 1) if any tool cannot be imported")
-    c.add_argument("--format", default="auto", choices=["auto", "openai", "jsonschema", "bfcl", "openapi", "mcp"])
+    from generators.catalog import format_names  # the registry: every catalog format registered
+    c.add_argument("--format", default="auto", choices=format_names())
     c.set_defaults(fn=cmd_catalog)
 
     p = sub.add_parser("mcp", help="serve stored tasks to any agent as an MCP server (stdio or Streamable HTTP): one "

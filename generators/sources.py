@@ -43,7 +43,7 @@ from envs import (
 )
 from envs.simulated import SimulatedEnvironment
 from generators.bfcl_synth import BFCL_REF, bfcl_synthesis_source
-from generators.catalog import CatalogError, CatalogImport
+from generators.catalog import CatalogError, CatalogImport, catalog_format
 from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph, domain_graph
 from generators.imports import COUNTS, IMPORTS, Built, RunImports, current, graph_from_rows
@@ -174,7 +174,7 @@ def openapi_domain(path: str | os.PathLike, *, name: str | None = None,
         envs.OpenAPIDomainError: no operation is CRUD on a resource, or the overlay names what does not exist.
     """
     imported = imported or IMPORTS.catalog(path)
-    if imported.format != "openapi":
+    if not catalog_format(imported.format).executable:
         raise CatalogError(
             f"{path}: this {imported.format} catalog has schemas but no implementation; only OpenAPI descriptions "
             "become executable environments (give such tools an MCP server or a Python domain)")
@@ -455,7 +455,7 @@ def _open_catalog(source: EnvironmentSource, play: Callable | None, imports: Run
 
 def _catalog_source(source: EnvironmentSource, imported: CatalogImport, play: Callable | None, built: Built,
                     graph_rows: Any) -> Source:
-    src: Source = (CatalogSource(source, imported, built) if imported.format == "openapi"
+    src: Source = (CatalogSource(source, imported, built) if catalog_format(imported.format).executable
                    else SimulatedSource(source, imported, play, built))
     if graph_rows is not None and built.graph is None:
         tools = ([s.record for s in src.specs.values()] if isinstance(src, CatalogSource) else src.tools)

@@ -8,9 +8,11 @@ Specified here:
 * source kinds: every ``SourceKind`` value is opened by ``open_source`` (a missing ref is a ``SourceError``
   naming it, never a ``KeyError``), has a ``Source`` class of that kind, is hashed by its content (an edit
   makes a new run id), is produced by a ``synthesize`` command-line flag, and is documented;
-* catalog formats: the ``Format`` literal, ``FORMATS`` and ``catalog inspect --format`` list the same formats;
-  a file of each format is detected as it, imports at least one tool, and opens as an executable environment
-  (OpenAPI) or a simulated one (every other format);
+* catalog formats (``generators.catalog.registry``): ``catalog inspect --format`` offers every registered
+  format; a file of each is detected as it, imports at least one tool (the same when the format is named), and
+  opens as an executable environment exactly when its registration says so; registering is idempotent, a taken
+  name or detection rank is refused, an unknown format name is an error (never read as another format), and a
+  new format is one module with one registration;
 * control kinds: ``make_controls`` produces every kind ``schemas.controls.CONTROLS`` registers and no other;
   every registered kind has a play (``generators.agents.PLAYS``) and, where it carries fields, a maker
   (``verifiers.controls.MAKERS``); each kind, played by the oracle, departs from the reference and is rejected on
@@ -31,7 +33,10 @@ import importlib
 import inspect
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 import typing
 from pathlib import Path
 
@@ -42,7 +47,14 @@ from flows.cli import CONFIG_COMMANDS, build_parser, config_model, load_config
 from flows.repair import repair
 from flows.serve import FLOWS, deployment_specs
 from generators.agents import PLAYS, OracleAssistant, ScriptedUser, run_episode
-from generators.catalog import FORMATS, Format, import_catalog
+from generators.catalog import (
+    CatalogFormat,
+    catalog_format,
+    catalog_formats,
+    format_names,
+    import_catalog,
+    register_format,
+)
 from generators.config import WEAKNESSES, EnvironmentSource, SourceKind, Weakness
 from generators.sources import Source, SourceError, content_hash, open_source
 from generators.tasks import sample_tasks
@@ -228,7 +240,7 @@ SAMPLES: dict[str, tuple[str, typing.Any]] = {
     "mcp": ("listing.json", {"tools": [{"name": "get_pet", "description": "Look up a pet", "inputSchema": _PARAMS}]}),
     "openapi": ("openapi.json", _OPENAPI),
 }
-DETECTED = [f for f in FORMATS if f != "auto"]
+DETECTED = [f.name for f in catalog_formats()]
 
 
 def _sample(fmt: str, tmp: Path) -> Path:
@@ -241,10 +253,9 @@ def _sample(fmt: str, tmp: Path) -> Path:
     return path
 
 
-def test_the_three_format_lists_agree():
-    assert list(typing.get_args(Format)) == list(FORMATS), "generators/catalog.py: Format and FORMATS differ"
-    assert help_choices(["catalog", "inspect"], "--format") == list(FORMATS), \
-        "flows/cli.py: `catalog inspect --format` choices differ from generators.catalog.FORMATS"
+def test_the_cli_offers_every_registered_format():
+    assert help_choices(["catalog", "inspect"], "--format") == list(format_names()) == ["auto", *DETECTED], \
+        "flows/cli.py: `catalog inspect --format` choices are not generators.catalog.format_names()"
 
 
 def test_every_format_has_a_sample():
@@ -254,22 +265,89 @@ def test_every_format_has_a_sample():
 @pytest.mark.parametrize("fmt", DETECTED)
 def test_every_format_is_detected_and_imports_a_tool(fmt, tmp_path):
     path = _sample(fmt, tmp_path)
+    assert catalog_format(fmt).detect(json.loads(path.read_text().splitlines()[0] if fmt == "bfcl" else
+                                                 path.read_text()))
     detected = import_catalog(path)
     assert detected.format == fmt and detected.tools, (detected.format, detected.skipped)
     named = import_catalog(path, format=fmt)
-    assert [t.name for t in named.tools] == [t.name for t in detected.tools]
+    assert [t.to_row() for t in named.tools] == [t.to_row() for t in detected.tools]
 
 
 @pytest.mark.parametrize("fmt", DETECTED)
-def test_only_openapi_opens_as_an_executable_environment(fmt, tmp_path):
-    """open_source routes on the format: OpenAPI runs as a REST domain, every other format is played by a model
-    (a new executable format must change that routing, and this expectation)."""
+def test_a_format_opens_as_an_executable_environment_exactly_when_registered_so(fmt, tmp_path):
+    """open_source routes on the registration: an executable format (OpenAPI) runs as a REST domain, every other
+    format is played by a model."""
     source = open_source(EnvironmentSource(kind="catalog", ref=str(_sample(fmt, tmp_path))), play=None)
     try:
-        assert source.kind == "catalog" and source.simulated == (fmt != "openapi")
+        assert source.kind == "catalog" and source.simulated == (not catalog_format(fmt).executable)
         assert source.specs, fmt
     finally:
         source.close()
+    assert [f.name for f in catalog_formats() if f.executable] == ["openapi"]
+
+
+def test_registering_is_idempotent_and_a_taken_name_or_rank_is_refused():
+    for fmt in catalog_formats():
+        assert register_format(fmt) is fmt  # a module imported again registers the same format again
+    openai = catalog_format("openai")
+    with pytest.raises(ValueError, match="'openai' is already registered"):
+        register_format(CatalogFormat("openai", rank=999, detect=openai.detect, read=openai.read))
+    with pytest.raises(ValueError, match="rank 30 is 'openai'"):
+        register_format(CatalogFormat("other", rank=30, detect=openai.detect, read=openai.read))
+    with pytest.raises(ValueError, match="'auto' is reserved"):
+        register_format(CatalogFormat("auto", rank=999, detect=openai.detect, read=openai.read))
+    assert DETECTED == [f.name for f in catalog_formats()]  # nothing refused was added
+
+
+def test_an_unknown_format_is_an_error_not_another_format(tmp_path):
+    path = _sample("openapi", tmp_path)
+    with pytest.raises(ValueError, match=r"format 'swagger' is not one of auto, openapi, .*jsonschema"):
+        import_catalog(path, format="swagger")
+
+
+ANTHROPIC = '''
+"""Anthropic-style tool definitions: [{"name", "description", "input_schema"}] (docs/extending.md's example)."""
+from generators.catalog import CatalogFormat, register_format
+from generators.catalog.tools import collect_each, first_record, records
+from generators.catalog.schema import parameters_schema
+from schemas import Tool
+
+
+def detect(data):
+    entry = first_record(data)
+    return isinstance(entry, dict) and "input_schema" in entry and "parameters" not in entry
+
+
+def read(data, files, domain):
+    def build(entry):
+        return Tool(name=entry["name"], description=entry.get("description") or "", domain=domain,
+                    parameters=parameters_schema(entry.get("input_schema"), field="input_schema"),
+                    source=f"anthropic:{files.path.name}", origin={"kind": "anthropic", "name": entry["name"]})
+    tools, skipped = collect_each(records(data), build)
+    return tools, skipped, []
+
+
+FORMAT = register_format(CatalogFormat("anthropic", rank=35, detect=detect, read=read))
+'''
+
+
+def test_a_new_format_is_one_module_and_one_registration(tmp_path):
+    """docs/extending.md's worked example, run: a module that registers an Anthropic-style format is all it
+    takes for detection (before ``jsonschema``, which would otherwise take such a list), import and the CLI."""
+    (tmp_path / "anthropic_format.py").write_text(ANTHROPIC)
+    sample = tmp_path / "claude_tools.json"
+    sample.write_text(json.dumps([{"name": "get_pet", "description": "Look up a pet", "input_schema": _PARAMS}]))
+    assert import_catalog(sample).format == "jsonschema"  # today: read as specs, with no arguments
+    script = (f"import anthropic_format, json\nfrom generators.catalog import import_catalog\n"
+              f"from flows.cli import build_parser\nresult = import_catalog({str(sample)!r})\n"
+              "args = build_parser().parse_args(['catalog', 'inspect', 'x', '--format', 'anthropic'])\n"
+              "print(json.dumps([result.format, [t.to_row() for t in result.tools], args.format]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    fmt, [tool], offered = json.loads(done.stdout)
+    assert (fmt, offered, tool["name"], tool["origin"]["kind"]) == ("anthropic", "anthropic", "get_pet", "anthropic")
+    assert tool["parameters"] == _PARAMS  # its arguments, which jsonschema's reading of the same file loses
 
 
 # --- negative-control kinds -------------------------------------------------------------------------------------

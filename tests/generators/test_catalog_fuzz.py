@@ -32,16 +32,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from envs import OpenAPIDomainError, domain_from_tools
-from envs.base import argument_validator
-from generators.catalog import MAX_DEPTH, MAX_SCHEMA_NODES, CatalogError, import_catalog
-from schemas import TABLES
+from generators.catalog import MAX_DEPTH, CatalogError, import_catalog
 from storage.external import bfcl_file, default_bfcl_root, shared_root
+from tests.generators.catalog_support import holder, places, sound, with_what_it_uses
 
 yaml = pytest.importorskip("yaml")  # the YAML half of the fuzz needs PyYAML, as YAML import does
 
@@ -108,36 +106,13 @@ def imported_or_refused(path: Path, kind: str) -> None:
     assert not [p for p in result.problems if "internal error" in p], result.problems
     assert all(label and reason for label, reason in result.skipped)
     tools = result.tools
-    assert len({t.name for t in tools}) == len(tools)
-    for tool in tools:
-        row = tool.to_row()
-        TABLES["tools"].validate(row)
-        assert json.loads(json.dumps(row, allow_nan=False)) == row
-        for schema in (tool.parameters, tool.returns):
-            if schema is not None:
-                jsonschema.Draft202012Validator.check_schema(schema)
-                assert size_and_height(schema)[0] <= MAX_SCHEMA_NODES
-                assert size_and_height(schema)[1] <= MAX_DEPTH
-        validator = argument_validator(tool.parameters)  # every $ref reached is looked up: none may fail
-        for filler in ("x", 1, {}, [{}], None):
-            validator.is_valid(dict.fromkeys(tool.parameters.get("properties") or {}, filler))
+    sound(tools)
     if result.format == "openapi" and tools:  # what `synthesize --catalog` builds from them: worded or built
         try:
             domain_from_tools(tools, name="fuzzed", source=str(path))
         except OpenAPIDomainError as e:
             assert "\n" not in str(e)
     assert REQUESTS == []
-
-
-def size_and_height(value: Any) -> tuple[int, int]:
-    size, height, stack = 0, 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        size += 1
-        if isinstance(node, dict | list):
-            height = max(height, level)
-            stack.extend((v, level + 1) for v in (node.values() if isinstance(node, dict) else node))
-    return size, height
 
 
 # --- documents ----------------------------------------------------------------------------------------------------
@@ -211,48 +186,9 @@ def real_specs() -> tuple[tuple[str, Any], ...]:
     return tuple((name, json.loads(json.dumps(doc, default=str))) for name, doc in specs)
 
 
-def with_what_it_uses(doc: dict, routes: list[str]) -> dict:
-    """``doc`` cut down to ``routes`` and the components (Swagger 2: definitions) their ``$ref``s reach (small
-    enough to fuzz quickly)."""
-    kept: dict[str, dict[str, Any]] = {}
-    definitions: dict[str, Any] = {}
-    todo = [doc["paths"][r] for r in routes]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/components/"):
-                _, _, group, key = ref.split("/", 3)
-                if key not in kept.setdefault(group, {}):
-                    kept[group][key] = doc["components"][group][key]
-                    todo.append(kept[group][key])
-            elif isinstance(ref, str) and ref.startswith("#/definitions/"):
-                key = ref.split("/", 2)[2]
-                if key not in definitions:
-                    definitions[key] = doc["definitions"][key]
-                    todo.append(definitions[key])
-            todo.extend(node.values())
-        elif isinstance(node, list):
-            todo.extend(node)
-    if "swagger" in doc:
-        return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "definitions": definitions}
-    return {**doc, "paths": {r: doc["paths"][r] for r in routes}, "components": kept}
-
-
 @functools.cache
 def places_of(index: int) -> list[tuple[Any, ...]]:
     return places(real_specs()[index][1])
-
-
-def places(doc: Any) -> list[tuple[Any, ...]]:
-    """The path of every value in ``doc``."""
-    out, stack = [], [((), doc)]
-    while stack:
-        path, node = stack.pop()
-        out.append(path)
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        stack.extend(((*path, k), v) for k, v in items)
-    return out
 
 
 def written(folder: Path, doc: Any, name: str, as_yaml: bool) -> Path:
@@ -298,12 +234,8 @@ def test_mutated_real_specs_import_or_are_refused(folder, server_url, data) -> N
         if not path:
             doc = value
             continue
-        parent = doc
-        try:  # an earlier mutation may have replaced or removed what this place was in
-            for key in path[:-1]:
-                parent = parent[key]
-            parent[path[-1]]
-        except (KeyError, IndexError, TypeError):
+        parent = holder(doc, path)
+        if parent is None:
             continue
         if how == "delete":
             del parent[path[-1]]

@@ -23,18 +23,17 @@ import re
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from envs.base import argument_validator
 from generators.catalog import CatalogError, import_catalog, load_catalog, openai_tool_name
-from schemas import TABLES, Tool
+from schemas import TABLES
 from storage.external import shared_root
+from tests.generators.catalog_support import OPENAI_NAME, sound
 
 yaml = pytest.importorskip("yaml")
 
 CATALOGS = shared_root() / "catalogs" / "openapi"
-OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 
 def write(folder: Path, name: str, data: object) -> Path:
@@ -47,20 +46,6 @@ def write(folder: Path, name: str, data: object) -> Path:
     else:
         path.write_text(json.dumps(data))
     return path
-
-
-def sound(tools: list[Tool]) -> None:
-    """What every import promises of its tools."""
-    assert len({t.name for t in tools}) == len(tools)
-    for tool in tools:
-        assert OPENAI_NAME.match(tool.name), tool.name
-        row = tool.to_row()
-        TABLES["tools"].validate(row)
-        assert json.loads(json.dumps(row, allow_nan=False)) == row
-        for schema in (tool.parameters, tool.returns):
-            if schema is not None:
-                jsonschema.Draft202012Validator.check_schema(schema)
-        argument_validator(tool.parameters).is_valid({})
 
 
 # --- the real descriptions ---------------------------------------------------------------------------------------
