@@ -3,13 +3,17 @@ renders the same documentation as a form."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
 from generators.sampling import SamplingConfig
-from generators.sources import EnvironmentSource, content_hash
+from generators.sources import (
+    SOURCE_KINDS,
+    EnvironmentSource,  # noqa: F401 - where configs and tests name it
+    content_hash,
+)
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from storage.identity import code_digest, run_identity
 
@@ -69,6 +73,13 @@ class VariantSeed(StrictModel):
         return self
 
 
+SourceConfig = Annotated[
+    Union[tuple(Annotated[SOURCE_KINDS[k].config, Tag(k)] for k in sorted(SOURCE_KINDS))],  # noqa: UP007 - made from a tuple
+    Discriminator(lambda v: v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None),
+                  custom_error_type="source_kind",
+                  custom_error_message=f"kind must be one of {', '.join(sorted(SOURCE_KINDS))} (what ref is)")]
+"""One entry of ``SynthesizeConfig.environments``: the config model of its kind (``generators.sources``), told
+apart by ``kind``."""
 DEFAULT_DOMAINS = ("retail", "calendar", "banking", "files")
 """The built-in domains a run samples when it names no domain and brings no environment of its own."""
 
@@ -136,7 +147,7 @@ class SynthesizeConfig(StrictModel):
         description="Built-in environment domains to sample tasks from. Default: retail, calendar, banking and "
         "files, or none when environments are given (name them here to sample both).",
     )
-    environments: list[EnvironmentSource] = Field(
+    environments: list[SourceConfig] = Field(
         default_factory=list,
         description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains, Python objects); with domains also "
         "listed, tasks are spread over every domain and source in turn.")

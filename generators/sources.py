@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
-from pydantic import Field, JsonValue, field_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from envs import (
     DOMAINS,
@@ -98,12 +98,21 @@ def register(cls: type[Source]) -> type[Source]:
     if not isinstance(getattr(cls, "flag", None), SourceFlag):
         raise TypeError(f"source kind {cls.kind!r} ({cls.__qualname__}) declares no `flag` (a SourceFlag): "
                         "every kind can be given on the command line")
+    config = getattr(cls, "config", None)
+    if not (isinstance(config, type) and issubclass(config, EnvironmentSource)
+            and get_args(config.model_fields["kind"].annotation) == (cls.kind,)):
+        raise TypeError(f"source kind {cls.kind!r} ({cls.__qualname__}) declares no `config`: an EnvironmentSource "
+                        f"subclass whose kind is Literal[{cls.kind!r}]")
     SOURCE_KINDS[cls.kind] = cls
     return cls
 
 
 class EnvironmentSource(StrictModel):
     """A user's own tools as an environment tasks are sampled on (one entry of ``SynthesizeConfig.environments``).
+
+    The fields every kind has; each kind's model (its ``Source`` class's ``config``) adds the fields that apply to
+    it, and ``SynthesizeConfig.environments`` is the union of those models, told apart by ``kind``.
+    ``EnvironmentSource(kind=..., ...)`` builds the model of that kind.
 
     ``catalog``: an OpenAPI description (3.0/3.1, JSON or YAML, multi-file) becomes a stateful REST environment;
     ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
@@ -122,21 +131,11 @@ class EnvironmentSource(StrictModel):
                      "BFCL's multi-turn classes with fresh states).")
     name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
                              description="Domain name the tasks carry (default: derived from ref).")
-    state: str | None = Field(None, description="mcp: a folder copied as each server's initial working copy.")
-    path: str | None = Field(None, description="module, objects: a folder to find the package in before the Python path "
-                             "(it is read, never imported here: the domain runs in a sandboxed worker).")
-    env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
-                                "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
-    values: dict[str, list[JsonValue]] = Field(
-        default_factory=dict, description="mcp, objects: argument values for parameters no state supplies (a SQL query, a "
-        "time zone, a list of files), by parameter name or tool.param; with a model configured, it proposes such "
-        "values too.")
-    programs: list[str] = Field(default_factory=list, description="mcp: programs the server runs per call (git for "
-                                "mcp-server-git); it may then start processes, bounded by a pids cgroup of its own.")
-    http: str | None = Field(None, description="mcp: the server speaks Streamable HTTP and listens on this URL "
-                             "inside its sandbox (http://127.0.0.1:PORT/mcp), reached through a relay beside it.")
-    overlay: str | None = Field(None, description="catalog: a YAML/JSON file saying what non-CRUD operations do "
-                                "(or that an inferred one is wrong).")
+
+    def __new__(cls, *args: Any, **data: Any) -> EnvironmentSource:
+        if cls is EnvironmentSource and data.get("kind") in SOURCE_KINDS:
+            cls = SOURCE_KINDS[data["kind"]].config
+        return super().__new__(cls)
 
     @field_validator("kind")
     @classmethod
@@ -145,11 +144,74 @@ class EnvironmentSource(StrictModel):
             raise ValueError(f"unknown source kind {kind!r}; source kinds: {', '.join(sorted(SOURCE_KINDS))}")
         return kind
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_other_kinds(cls, data: Any) -> Any:
+        # a run's manifest written before each kind had a model of its own lists every field of every entry, at
+        # its default where it does not apply: those are dropped; a value set for another kind's field is refused
+        if not isinstance(data, dict) or cls is EnvironmentSource:
+            return data
+        kinds_of: dict[str, list[str]] = {}
+        for kind in sorted(SOURCE_KINDS):
+            for field in SOURCE_KINDS[kind].config.model_fields:
+                kinds_of.setdefault(field, []).append(kind)
+        foreign = [f for f in data if f in kinds_of and f not in cls.model_fields]
+        for field in foreign:
+            if data[field] not in (None, {}, []):
+                raise ValueError(f"{field} applies to {' and '.join(kinds_of[field])} sources, not to {cls.kind_name()}")
+        return {k: v for k, v in data.items() if k not in foreign}
+
+    @classmethod
+    def kind_name(cls) -> str:
+        return get_args(cls.model_fields["kind"].annotation)[0]
+
+
+VALUES_HELP = ("argument values for parameters no state supplies (a SQL query, a time zone, a list of files), by "
+               "parameter name or tool.param; with a model configured, it proposes such values too.")
+
+
+class CatalogSourceConfig(EnvironmentSource):
+    """``catalog``: a tool catalog file (an OpenAPI description runs; other formats are played by a model)."""
+
+    kind: Literal["catalog"] = "catalog"
+    overlay: str | None = Field(None, description="A YAML/JSON file saying what non-CRUD operations do (or that an "
+                                "inferred one is wrong).")
+
+
+class MCPSourceConfig(EnvironmentSource):
+    """``mcp``: an MCP server's command line, ``{workdir}`` standing for its working copy of ``state``."""
+
+    kind: Literal["mcp"] = "mcp"
+    state: str | None = Field(None, description="A folder copied as each server's initial working copy.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables of the server "
+                                "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
+    values: dict[str, list[JsonValue]] = Field(default_factory=dict, description=VALUES_HELP)
+    programs: list[str] = Field(default_factory=list, description="Programs the server runs per call (git for "
+                                "mcp-server-git); it may then start processes, bounded by a pids cgroup of its own.")
+    http: str | None = Field(None, description="The server speaks Streamable HTTP and listens on this URL inside its "
+                             "sandbox (http://127.0.0.1:PORT/mcp), reached through a relay beside it.")
+
+
+class ModuleSourceConfig(EnvironmentSource):
+    """``module``: a ``Domain`` class (``package.module:Class`` or an entry-point name), run sandboxed."""
+
+    kind: Literal["module"] = "module"
+    path: str | None = Field(None, description="A folder to find the package in before the Python path (it is read, "
+                             "never imported here: the code runs in a sandboxed worker).")
+
+
+class ObjectsSourceConfig(ModuleSourceConfig):
+    """``objects``: plain Python objects (``package.module:factory``, ``package.module:Class`` or ``bfcl``), run
+    sandboxed, found as a ``module`` is."""
+
+    kind: Literal["objects"] = "objects"  # type: ignore[assignment] - each kind's model names its own kind
+    values: dict[str, list[JsonValue]] = Field(default_factory=dict, description=VALUES_HELP)
+
 
 class Source(abc.ABC):
     """One environment source of a run (each kind below implements ``open``, ``specs`` and ``graph``).
 
-    A kind is a subclass decorated ``@register`` that declares ``kind`` and ``flag``, and where its defaults do not
+    A kind is a subclass decorated ``@register`` that declares ``kind``, ``config`` and ``flag``, and where its defaults do not
     fit, ``default_stem`` (its default domain name), ``hash_content`` (what of it is content for the run id) and
     ``from_config`` (how a config entry opens).
 
@@ -162,6 +224,7 @@ class Source(abc.ABC):
     name: str
     kind: ClassVar[str]
     flag: ClassVar[SourceFlag]
+    config: ClassVar[type[EnvironmentSource]]
     ref: str
     simulated: bool = False  # tools played by a model: tasks are labelled, verification proves less
 
@@ -246,6 +309,7 @@ class CatalogSource(_GraphFromEnvironment):
     """
 
     kind = "catalog"
+    config = CatalogSourceConfig
     flag = SourceFlag("--catalog", "FILE", "an OpenAPI description (JSON/YAML) to sample tasks on as a REST "
                       "environment; repeatable", resolve=True)
     simulated = False
@@ -369,6 +433,7 @@ class ModuleSource(_GraphFromEnvironment):
     """A user's ``Domain`` class, run in a sandboxed worker."""
 
     kind = "module"
+    config = ModuleSourceConfig
     flag = SourceFlag("--env", "MODULE:CLASS", "a Python Domain (package.module:Class or an entry-point name); runs "
                       "sandboxed; repeatable", search_path=True)
 
@@ -413,6 +478,7 @@ class ObjectsSource(ModuleSource):
     """A user's plain Python objects (a factory of instances), run in a sandboxed worker."""
 
     kind = "objects"
+    config = ObjectsSourceConfig
     flag = SourceFlag("--objects", "MODULE:FACTORY", "plain Python objects: package.module:factory (seed -> "
                       "instances) or package.module:Class; public methods are the tools; runs sandboxed; repeatable. "
                       "'bfcl': BFCL's 8 multi-turn classes with fresh states", search_path=True)
@@ -448,6 +514,7 @@ class MCPSource(_GraphFromEnvironment):
     content for the run id: the ``state`` folder, hashed for every kind)."""
 
     kind = "mcp"
+    config = MCPSourceConfig
     flag = SourceFlag("--mcp", "COMMAND", "an MCP server command over stdio (node_modules/.bin/mcp-server-memory, a "
                       "venv's console script, node path/dist/index.js), {workdir} standing for its working copy; "
                       "repeatable. The --mcp-* options below apply to the --mcp before them (given before any --mcp: "
@@ -521,12 +588,13 @@ def content_hash(source: EnvironmentSource, imported: CatalogImport | None = Non
         SourceError: the plugin's package, the state folder or the overlay is over its caps (the message names
             the file and the cap).
     """
-    digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{source.overlay}".encode())
+    state, overlay = getattr(source, "state", None), getattr(source, "overlay", None)  # fields of some kinds
+    digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{overlay}".encode())
     paths = [(path, "") for path in SOURCE_KINDS[source.kind].hash_content(source, digest, imported)]
-    if source.state:
-        paths.append((Path(source.state), "the state folder"))
-    if source.overlay:
-        paths.append((Path(source.overlay), "the overlay"))
+    if state:
+        paths.append((Path(state), "the state folder"))
+    if overlay:
+        paths.append((Path(overlay), "the overlay"))
     for root, what in paths:
         try:
             hash_tree(root, digest, caps=STATE_CAPS, what=what or f"the {source.kind}")

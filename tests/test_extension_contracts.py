@@ -98,7 +98,9 @@ def test_open_source_dispatches_every_kind_and_names_a_ref_it_cannot_open(kind, 
                "module": "no_such_pkg_4711.domain:Shop", "objects": "no_such_pkg_4711.env:make"}.get(
         kind, "no_such_thing_4711")
     with pytest.raises(SourceError) as err:  # a KeyError here: the kind has no entry in open_source's table
-        open_source(EnvironmentSource(kind=kind, ref=missing, path=str(tmp_path)))
+        open_source(EnvironmentSource(kind=kind, ref=missing, **({"path": str(tmp_path)}
+                                                                 if "path" in SOURCE_KINDS[kind].config.model_fields
+                                                                 else {})))
     assert str(err.value).startswith(kind) and missing in str(err.value), err.value
 
 
@@ -129,7 +131,13 @@ def test_the_registry_takes_a_class_twice_and_refuses_a_second_class_under_a_tak
 
     with pytest.raises(TypeError, match="declares no `flag`"):
         register(Flagless)
-    assert SOURCE_KINDS["module"] is ModuleSource and "flagless4711" not in SOURCE_KINDS
+
+    class Configless(ModuleSource):
+        kind = "configless4711"  # its config is ModuleSource's, of kind module
+
+    with pytest.raises(TypeError, match="declares no `config`"):
+        register(Configless)
+    assert SOURCE_KINDS["module"] is ModuleSource and not {"flagless4711", "configless4711"} & set(SOURCE_KINDS)
     with pytest.raises(ValueError, match="unknown source kind 'flagless4711'; source kinds: catalog, mcp, module"):
         EnvironmentSource(kind="flagless4711", ref="x")
 
