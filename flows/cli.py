@@ -178,16 +178,25 @@ def mcp_sources(given: list[tuple[str, str]]) -> list[dict]:
             for server in servers]
 
 
+def flag_dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
 def synthesize_sources(args: argparse.Namespace, data: dict) -> None:
-    """--catalog/--mcp/--env/--objects as environment sources, and --base-url as the endpoint of every role."""
-    sources = [{"kind": "catalog", "ref": str(Path(ref).resolve())} for ref in getattr(args, "catalog", None) or []]
-    sources += mcp_sources(getattr(args, "mcp", None) or [])
-    sources += [{"kind": "module", "ref": ref,
-                 **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
-                for ref in getattr(args, "env", None) or []]
-    sources += [{"kind": "objects", "ref": ref,
-                 **({"path": str(Path(args.env_path).resolve())} if getattr(args, "env_path", None) else {})}
-                for ref in getattr(args, "objects", None) or []]
+    """Each source kind's flag (``generators.sources.SOURCE_KINDS``: --catalog, --mcp, --env, --objects) as
+    environment sources, kind by kind, and --base-url as the endpoint of every role."""
+    from generators.sources import SOURCE_KINDS
+
+    sources: list[dict] = []
+    for kind in sorted(SOURCE_KINDS):
+        flag = SOURCE_KINDS[kind].flag
+        given = getattr(args, flag_dest(flag.option), None) or []
+        if flag.ordered:  # (option, value) pairs in command-line order: see _MCPOption
+            sources += mcp_sources(given)
+            continue
+        path = getattr(args, "env_path", None) if flag.search_path else None
+        sources += [{"kind": kind, "ref": str(Path(ref).resolve()) if flag.resolve else ref,
+                     **({"path": str(Path(path).resolve())} if path else {})} for ref in given]
     if sources:
         data["environments"] = [*data.get("environments", []), *sources]
         data.setdefault("domains", [])  # the user's own tools only, unless built-in domains are asked for too
@@ -676,39 +685,44 @@ def build_parser(command: str | None = None) -> _Parser:
                        help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
                             "json_object_schema; none: native tool calls)")
 
+    def source_args(p: _Parser) -> None:
+        """One flag per source kind (``generators.sources.SOURCE_KINDS``); imported only for the command run."""
+        from generators.sources import SOURCE_KINDS
+
+        searched = []
+        for kind in sorted(SOURCE_KINDS):
+            flag = SOURCE_KINDS[kind].flag
+            if flag.ordered:
+                p.add_argument(flag.option, action=_MCPOption, metavar=flag.metavar, help=flag.help)
+                mcp_args(p)
+            else:
+                p.add_argument(flag.option, action="append", dest=flag_dest(flag.option), metavar=flag.metavar,
+                               help=flag.help)
+            searched += [flag.option] if flag.search_path else []
+        if searched:
+            p.add_argument("--env-path", dest="env_path", metavar="DIR",
+                           help=f"folder to find {'/'.join(searched)} packages in before the Python path, e.g. "
+                                "examples/bookshop")
+
     def synthesize_args(p: _Parser, name: str) -> None:
         config_options(p, name)
-        p.add_argument("--catalog", action="append", metavar="FILE",
-                       help="an OpenAPI description (JSON/YAML) to sample tasks on as a REST environment; repeatable")
-        p.add_argument("--mcp", action=_MCPOption, metavar="COMMAND",
-                       help="an MCP server command over stdio (node_modules/.bin/mcp-server-memory, a venv's "
-                            "console script, node path/dist/index.js), {workdir} standing for its working copy; "
-                            "repeatable. The --mcp-* options below apply to the --mcp before them (given before "
-                            "any --mcp: to every server)")
-        p.add_argument("--mcp-state", dest="mcp", action=_MCPOption, metavar="DIR",
-                       help="folder copied as the server's initial working copy ({workdir})")
-        p.add_argument("--mcp-env", dest="mcp", action=_MCPOption, metavar="NAME=VALUE",
-                       help="an environment variable of the server, {workdir} standing for its working copy "
-                            "(MEMORY_FILE_PATH={workdir}/memory.jsonl); repeatable")
-        p.add_argument("--mcp-value", dest="mcp", action=_MCPOption, metavar="PARAM=VALUE",
-                       help="a candidate value for a tool parameter no state supplies, by name or tool.param "
-                            "(query='SELECT count(*) FROM orders'; a JSON array or object is parsed); repeatable")
-        p.add_argument("--mcp-program", dest="mcp", action=_MCPOption, metavar="PROGRAM",
-                       help="a program the server runs per call (git); it may then start processes, bounded by a "
-                            "pids cgroup; repeatable")
-        p.add_argument("--mcp-http", dest="mcp", action=_MCPOption, metavar="URL",
-                       help="the server speaks Streamable HTTP on this URL inside its sandbox "
-                            "(http://127.0.0.1:3001/mcp) instead of stdio")
-        p.add_argument("--env", action="append", metavar="MODULE:CLASS",
-                       help="a Python Domain (package.module:Class or an entry-point name); runs sandboxed; repeatable")
-        p.add_argument("--objects", action="append", metavar="MODULE:FACTORY",
-                       help="plain Python objects: package.module:factory (seed -> instances) or package.module:Class; "
-                            "public methods are the tools; runs sandboxed; repeatable. 'bfcl': BFCL's 8 multi-turn "
-                            "classes with fresh states")
-        p.add_argument("--env-path", dest="env_path", metavar="DIR",
-                       help="folder to find --env/--objects packages in before the Python path, e.g. examples/bookshop")
+        if name == command:  # not run: its options are never parsed
+            source_args(p)
         endpoint_args(p, "every LLM role")
         p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
+
+    def mcp_args(p: _Parser) -> None:
+        for option, metavar, text in (
+                ("--mcp-state", "DIR", "folder copied as the server's initial working copy ({workdir})"),
+                ("--mcp-env", "NAME=VALUE", "an environment variable of the server, {workdir} standing for its "
+                 "working copy (MEMORY_FILE_PATH={workdir}/memory.jsonl); repeatable"),
+                ("--mcp-value", "PARAM=VALUE", "a candidate value for a tool parameter no state supplies, by name or "
+                 "tool.param (query='SELECT count(*) FROM orders'; a JSON array or object is parsed); repeatable"),
+                ("--mcp-program", "PROGRAM", "a program the server runs per call (git); it may then start processes, "
+                 "bounded by a pids cgroup; repeatable"),
+                ("--mcp-http", "URL", "the server speaks Streamable HTTP on this URL inside its sandbox "
+                 "(http://127.0.0.1:3001/mcp) instead of stdio")):
+            p.add_argument(option, dest="mcp", action=_MCPOption, metavar=metavar, help=text)
 
     def run_args(p: argparse.ArgumentParser, corpus: str = DEFAULT_CORPUS, what: str = "") -> None:
         p.add_argument("--corpus", default=corpus, help=what or None)

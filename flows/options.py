@@ -103,6 +103,12 @@ def field_at(model: type[BaseModel], path: list[str], source: str = "--set") -> 
             if key not in fields:
                 raise UsageError(f"unknown key {where!r} in {source}: {hint(key, set(fields))}")
             annotation = fields[key].annotation
+        elif get_origin(annotation) in (Union, types.UnionType) and all(map(is_model, models := [
+                _strip(a) for a in get_args(annotation)])):  # a union told apart by a field (a source's kind)
+            fields = {name: f for m in reversed(models) for name, f in m.model_fields.items()}
+            if key not in fields:
+                raise UsageError(f"unknown key {where!r} in {source}: {hint(key, set(fields))}")
+            annotation = fields[key].annotation
         elif get_origin(annotation) is dict:
             annotation = get_args(annotation)[1]
         elif get_origin(annotation) is list:

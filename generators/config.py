@@ -3,11 +3,17 @@ renders the same documentation as a form."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import Field, JsonValue, field_validator, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
 from generators.llm import EMBEDDED, Budget, EndpointConfig, Sampling
+from generators.sampling import SamplingConfig
+from generators.sources import (
+    SOURCE_KINDS,
+    EnvironmentSource,  # noqa: F401 - where configs and tests name it
+    content_hash,
+)
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from storage.identity import code_digest, run_identity
 
@@ -18,34 +24,6 @@ CORPUS_CODE = ("envs", "generators", "verifiers", "sandbox")
 def code_version() -> str:
     """Hash of the source of every package that shapes a corpus (recorded in each manifest)."""
     return code_digest(CORPUS_CODE)
-
-
-class SamplingConfig(StrictModel):
-    """How tool-call plans are sampled from the tool graph."""
-
-    depth_min: int = Field(1, ge=1, le=6, description="Shortest dependency path to sample (in calls).")
-    depth_max: int = Field(6, ge=1, le=6, description="Longest dependency path to sample (in calls).")
-    max_width: int = Field(3, ge=1, le=6, description="Most calls at one dependency level (forks, merges, parallel calls).")
-    nonlinear_share: float = Field(
-        0.5, ge=0, le=1, description="Share of plans given extra branches (fork, merge or independent parallel calls)."
-    )
-    parallel_share: float = Field(
-        0.35, ge=0, le=1, description="Share of tasks whose assistant issues independent ready calls in one turn."
-    )
-    private_share: float = Field(
-        0.5, ge=0, le=1, description="Chance that an identifying argument is moved into the user's private information."
-    )
-    optional_arg_share: float = Field(0.3, ge=0, le=1, description="Chance of binding each optional argument.")
-    diversity: float = Field(
-        1.0, ge=0, le=5,
-        description="How strongly tool choice favours tools used less so far in the batch (0 = uniform).",
-    )
-
-    @model_validator(mode="after")
-    def _depths(self) -> SamplingConfig:
-        if self.depth_min > self.depth_max:
-            raise ValueError(f"depth_min ({self.depth_min}) must not exceed depth_max ({self.depth_max})")
-        return self
 
 
 WEAKNESSES = ("wrong_tool", "wrong_argument", "missing_step", "premature_answer", "wrong_answer", "format_error",
@@ -95,45 +73,15 @@ class VariantSeed(StrictModel):
         return self
 
 
-SourceKind = Literal["catalog", "mcp", "module", "objects"]
+SourceConfig = Annotated[
+    Union[tuple(Annotated[SOURCE_KINDS[k].config, Tag(k)] for k in sorted(SOURCE_KINDS))],  # noqa: UP007 - made from a tuple
+    Discriminator(lambda v: v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None),
+                  custom_error_type="source_kind",
+                  custom_error_message=f"kind must be one of {', '.join(sorted(SOURCE_KINDS))} (what ref is)")]
+"""One entry of ``SynthesizeConfig.environments``: the config model of its kind (``generators.sources``), told
+apart by ``kind``."""
 DEFAULT_DOMAINS = ("retail", "calendar", "banking", "files")
 """The built-in domains a run samples when it names no domain and brings no environment of its own."""
-
-
-class EnvironmentSource(StrictModel):
-    """A user's own tools as an environment tasks are sampled on (see ``generators.sources``).
-
-    ``catalog``: an OpenAPI description (3.0/3.1, JSON or YAML, multi-file) becomes a stateful REST environment;
-    ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
-    state; ``module``: ``package.module:Class`` or an entry-point name (group ``synthloop.environments``) of a
-    ``Domain`` written like the built-in ones; ``objects``: ``package.module:factory`` (seed → instances) or
-    ``package.module:Class`` of plain Python objects (``envs.objects``), or ``bfcl``: BFCL's 8 multi-turn classes with
-    fresh states (``generators.bfcl_synth``). Plugins, object environments and MCP
-    servers run inside the sandbox boundary.
-    """
-
-    kind: SourceKind = Field(description="What ref is: a catalog file, an MCP server command, a Python domain, "
-                             "or a factory of plain Python objects.")
-    ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, "
-                     "package.module:Class / an entry-point name, or package.module:factory ('bfcl' for objects: "
-                     "BFCL's multi-turn classes with fresh states).")
-    name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
-                             description="Domain name the tasks carry (default: derived from ref).")
-    state: str | None = Field(None, description="mcp: a folder copied as each server's initial working copy.")
-    path: str | None = Field(None, description="module, objects: a folder to find the package in before the Python path "
-                             "(it is read, never imported here: the domain runs in a sandboxed worker).")
-    env: dict[str, str] = Field(default_factory=dict, description="mcp: environment variables of the server "
-                                "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
-    values: dict[str, list[JsonValue]] = Field(
-        default_factory=dict, description="mcp, objects: argument values for parameters no state supplies (a SQL query, a "
-        "time zone, a list of files), by parameter name or tool.param; with a model configured, it proposes such "
-        "values too.")
-    programs: list[str] = Field(default_factory=list, description="mcp: programs the server runs per call (git for "
-                                "mcp-server-git); it may then start processes, bounded by a pids cgroup of its own.")
-    http: str | None = Field(None, description="mcp: the server speaks Streamable HTTP and listens on this URL "
-                             "inside its sandbox (http://127.0.0.1:PORT/mcp), reached through a relay beside it.")
-    overlay: str | None = Field(None, description="catalog: a YAML/JSON file saying what non-CRUD operations do "
-                                "(or that an inferred one is wrong).")
 
 
 class RoleConfig(StrictModel):
@@ -199,7 +147,7 @@ class SynthesizeConfig(StrictModel):
         description="Built-in environment domains to sample tasks from. Default: retail, calendar, banking and "
         "files, or none when environments are given (name them here to sample both).",
     )
-    environments: list[EnvironmentSource] = Field(
+    environments: list[SourceConfig] = Field(
         default_factory=list,
         description="The user's own tools (OpenAPI catalogs, MCP servers, Python domains, Python objects); with domains also "
         "listed, tasks are spread over every domain and source in turn.")
@@ -270,11 +218,7 @@ class SynthesizeConfig(StrictModel):
         """Everything besides the code that changes the output. A user's source counts by content (the catalog's
         files, the plugin's source, the MCP state folder), so editing a spec makes a new run even though its path
         is the same."""
-        sources = {}
-        if self.environments:
-            from generators.sources import content_hash
-
-            sources = {f"{s.kind}:{s.ref}": content_hash(s) for s in self.environments}
+        sources = {f"{s.kind}:{s.ref}": content_hash(s) for s in self.environments}
         return {"config": self.model_dump(mode="json"), **({"sources": sources} if sources else {})}
 
     @property

@@ -25,10 +25,12 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property, partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from envs import (
     DOMAINS,
@@ -44,31 +46,208 @@ from envs import (
 from envs.simulated import SimulatedEnvironment
 from generators.bfcl_synth import BFCL_REF, bfcl_synthesis_source
 from generators.catalog import CatalogError, CatalogImport, catalog_format
-from generators.config import EnvironmentSource, SynthesizeConfig
 from generators.graph import ToolGraph, domain_graph
 from generators.imports import COUNTS, IMPORTS, Built, RunImports, current, graph_from_rows
 from generators.llm import RequestCache
 from generators.llm_agents import replayed_tool
+from generators.strict import StrictModel
 from sandbox import FileCaps, FileRefused, hash_tree
+
+if TYPE_CHECKING:  # the run's config lists sources (it imports this module); a source never reads a run's config
+    from generators.config import SynthesizeConfig
 
 
 class SourceError(RuntimeError):
     """A user's source cannot be opened; the message names the source and what to fix."""
 
 
+@dataclass(frozen=True)
+class SourceFlag:
+    """How a ``synthesize`` command line names sources of one kind: ``OPTION VALUE``, repeatable, each value a ref.
+
+    Attributes:
+        option: The flag (``--catalog``); its value is the ref.
+        metavar: What the value is, for the help (``FILE``).
+        help: The flag's help line.
+        resolve: The ref is a path, made absolute where the command runs (the flow may run elsewhere).
+        search_path: ``--env-path DIR`` applies: the source's ``path`` (where its package is found).
+        ordered: The flag has options of its own that apply to the flag before them (``--mcp`` and its
+            ``--mcp-*``: ``flows.cli`` reads them in order).
+    """
+
+    option: str
+    metavar: str
+    help: str
+    resolve: bool = False
+    search_path: bool = False
+    ordered: bool = False
+
+
+SOURCE_KINDS: dict[str, type[Source]] = {}
+"""Every source kind by name: what ``EnvironmentSource.kind`` may be, what ``open_source``, ``source_name`` and
+``content_hash`` dispatch on, and what ``synthesize``'s source flags are made from (``register``)."""
+
+
+def register(cls: type[Source]) -> type[Source]:
+    """Make ``cls`` the source kind ``cls.kind`` (a class decorator). Registering the same class again is a
+    no-op (a module imported twice); another class under a taken kind is an error."""
+    taken = SOURCE_KINDS.get(cls.kind)
+    if taken is not None and f"{taken.__module__}.{taken.__qualname__}" != f"{cls.__module__}.{cls.__qualname__}":
+        raise ValueError(f"source kind {cls.kind!r} is taken by {taken.__module__}.{taken.__qualname__}; "
+                         f"give {cls.__qualname__} another kind")
+    if not isinstance(getattr(cls, "flag", None), SourceFlag):
+        raise TypeError(f"source kind {cls.kind!r} ({cls.__qualname__}) declares no `flag` (a SourceFlag): "
+                        "every kind can be given on the command line")
+    config = getattr(cls, "config", None)
+    if not (isinstance(config, type) and issubclass(config, EnvironmentSource)
+            and get_args(config.model_fields["kind"].annotation) == (cls.kind,)):
+        raise TypeError(f"source kind {cls.kind!r} ({cls.__qualname__}) declares no `config`: an EnvironmentSource "
+                        f"subclass whose kind is Literal[{cls.kind!r}]")
+    SOURCE_KINDS[cls.kind] = cls
+    return cls
+
+
+class EnvironmentSource(StrictModel):
+    """A user's own tools as an environment tasks are sampled on (one entry of ``SynthesizeConfig.environments``).
+
+    The fields every kind has; each kind's model (its ``Source`` class's ``config``) adds the fields that apply to
+    it, and ``SynthesizeConfig.environments`` is the union of those models, told apart by ``kind``.
+    ``EnvironmentSource(kind=..., ...)`` builds the model of that kind.
+
+    ``catalog``: an OpenAPI description (3.0/3.1, JSON or YAML, multi-file) becomes a stateful REST environment;
+    ``mcp``: a command starting an MCP server over stdio, ``{workdir}`` standing for its working copy of the
+    state; ``module``: ``package.module:Class`` or an entry-point name (group ``synthloop.environments``) of a
+    ``Domain`` written like the built-in ones; ``objects``: ``package.module:factory`` (seed → instances) or
+    ``package.module:Class`` of plain Python objects (``envs.objects``), or ``bfcl``: BFCL's 8 multi-turn classes with
+    fresh states (``generators.bfcl_synth``). Plugins, object environments and MCP
+    servers run inside the sandbox boundary. The kinds are ``SOURCE_KINDS``.
+    """
+
+    kind: str = Field(description="What ref is: a catalog file, an MCP server command, a Python domain, "
+                      "or a factory of plain Python objects.",
+                      json_schema_extra=lambda schema: schema.update(enum=sorted(SOURCE_KINDS)))
+    ref: str = Field(min_length=1, description="The catalog's path, the MCP server's command line, "
+                     "package.module:Class / an entry-point name, or package.module:factory ('bfcl' for objects: "
+                     "BFCL's multi-turn classes with fresh states).")
+    name: str | None = Field(None, pattern=r"^[a-z][a-z0-9_]{0,39}$",
+                             description="Domain name the tasks carry (default: derived from ref).")
+
+    def __new__(cls, *args: Any, **data: Any) -> EnvironmentSource:
+        if cls is EnvironmentSource and data.get("kind") in SOURCE_KINDS:
+            cls = SOURCE_KINDS[data["kind"]].config
+        return super().__new__(cls)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        if kind not in SOURCE_KINDS:
+            raise ValueError(f"unknown source kind {kind!r}; source kinds: {', '.join(sorted(SOURCE_KINDS))}")
+        return kind
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fields_of_other_kinds(cls, data: Any) -> Any:
+        # a run's manifest written before each kind had a model of its own lists every field of every entry, at
+        # its default where it does not apply: those are dropped; a value set for another kind's field is refused
+        if not isinstance(data, dict) or cls is EnvironmentSource:
+            return data
+        kinds_of: dict[str, list[str]] = {}
+        for kind in sorted(SOURCE_KINDS):
+            for field in SOURCE_KINDS[kind].config.model_fields:
+                kinds_of.setdefault(field, []).append(kind)
+        foreign = [f for f in data if f in kinds_of and f not in cls.model_fields]
+        for field in foreign:
+            if data[field] not in (None, {}, []):
+                raise ValueError(f"{field} applies to {' and '.join(kinds_of[field])} sources, not to {cls.kind_name()}")
+        return {k: v for k, v in data.items() if k not in foreign}
+
+    @classmethod
+    def kind_name(cls) -> str:
+        return get_args(cls.model_fields["kind"].annotation)[0]
+
+
+VALUES_HELP = ("argument values for parameters no state supplies (a SQL query, a time zone, a list of files), by "
+               "parameter name or tool.param; with a model configured, it proposes such values too.")
+
+
+class CatalogSourceConfig(EnvironmentSource):
+    """``catalog``: a tool catalog file (an OpenAPI description runs; other formats are played by a model)."""
+
+    kind: Literal["catalog"] = "catalog"
+    overlay: str | None = Field(None, description="A YAML/JSON file saying what non-CRUD operations do (or that an "
+                                "inferred one is wrong).")
+
+
+class MCPSourceConfig(EnvironmentSource):
+    """``mcp``: an MCP server's command line, ``{workdir}`` standing for its working copy of ``state``."""
+
+    kind: Literal["mcp"] = "mcp"
+    state: str | None = Field(None, description="A folder copied as each server's initial working copy.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables of the server "
+                                "({workdir} stands for its working copy), e.g. MEMORY_FILE_PATH.")
+    values: dict[str, list[JsonValue]] = Field(default_factory=dict, description=VALUES_HELP)
+    programs: list[str] = Field(default_factory=list, description="Programs the server runs per call (git for "
+                                "mcp-server-git); it may then start processes, bounded by a pids cgroup of its own.")
+    http: str | None = Field(None, description="The server speaks Streamable HTTP and listens on this URL inside its "
+                             "sandbox (http://127.0.0.1:PORT/mcp), reached through a relay beside it.")
+
+
+class ModuleSourceConfig(EnvironmentSource):
+    """``module``: a ``Domain`` class (``package.module:Class`` or an entry-point name), run sandboxed."""
+
+    kind: Literal["module"] = "module"
+    path: str | None = Field(None, description="A folder to find the package in before the Python path (it is read, "
+                             "never imported here: the code runs in a sandboxed worker).")
+
+
+class ObjectsSourceConfig(ModuleSourceConfig):
+    """``objects``: plain Python objects (``package.module:factory``, ``package.module:Class`` or ``bfcl``), run
+    sandboxed, found as a ``module`` is."""
+
+    kind: Literal["objects"] = "objects"  # type: ignore[assignment] - each kind's model names its own kind
+    values: dict[str, list[JsonValue]] = Field(default_factory=dict, description=VALUES_HELP)
+
+
 class Source(abc.ABC):
     """One environment source of a run (each kind below implements ``open``, ``specs`` and ``graph``).
 
+    A kind is a subclass decorated ``@register`` that declares ``kind``, ``config`` and ``flag``, and where its defaults do not
+    fit, ``default_stem`` (its default domain name), ``hash_content`` (what of it is content for the run id) and
+    ``from_config`` (how a config entry opens).
+
     Attributes:
         name: The domain name tasks carry.
-        kind: ``builtin``, ``catalog``, ``mcp``, ``module`` or ``objects``.
+        kind: ``builtin`` or one of ``SOURCE_KINDS``.
         ref: What the user gave (a domain name, a path, a command, ``module:Class``).
     """
 
     name: str
-    kind: str
+    kind: ClassVar[str]
+    flag: ClassVar[SourceFlag]
+    config: ClassVar[type[EnvironmentSource]]
     ref: str
     simulated: bool = False  # tools played by a model: tasks are labelled, verification proves less
+
+    @classmethod
+    def from_config(cls, source: EnvironmentSource, play: Callable | None = None,
+                    imports: RunImports | None = None) -> Source:
+        """Open the source a config entry names (``play`` and ``imports``: see ``open_source``)."""
+        return cls(source)
+
+    @classmethod
+    def default_stem(cls, ref: str) -> str:
+        """The domain name a ref gives before it is made an identifier: by default the text after the last ``:``."""
+        return ref.rsplit(":", 1)[-1]
+
+    @classmethod
+    def hash_content(cls, source: EnvironmentSource, digest: Any, imported: CatalogImport | None) -> list[Path]:
+        """Add what of the source is content (beyond its ref and its state and overlay folders) to ``digest``;
+        the files to hash as content where that cannot be read here (opening the source reports them).
+
+        Raises:
+            SourceError: the content is over its caps.
+        """
+        return []
 
     @abc.abstractmethod
     def open(self, seed: int) -> ToolEnvironment: ...
@@ -121,6 +300,7 @@ class _GraphFromEnvironment(Source):
         return self._graph
 
 
+@register
 class CatalogSource(_GraphFromEnvironment):
     """An OpenAPI description as a stateful REST domain (operations that are not CRUD are reported, not run).
 
@@ -129,7 +309,28 @@ class CatalogSource(_GraphFromEnvironment):
     """
 
     kind = "catalog"
+    config = CatalogSourceConfig
+    flag = SourceFlag("--catalog", "FILE", "an OpenAPI description (JSON/YAML) to sample tasks on as a REST "
+                      "environment; repeatable", resolve=True)
     simulated = False
+
+    @classmethod
+    def from_config(cls, source: EnvironmentSource, play: Callable | None = None,
+                    imports: RunImports | None = None) -> Source:
+        """An OpenAPI description opens as this class, a catalog of schemas only as a ``SimulatedSource``."""
+        return _open_catalog(source, play, imports)
+
+    @classmethod
+    def default_stem(cls, ref: str) -> str:
+        return Path(ref).name.split(".")[0]
+
+    @classmethod
+    def hash_content(cls, source: EnvironmentSource, digest: Any, imported: CatalogImport | None) -> list[Path]:
+        try:  # the import is kept for the process while its files are unchanged: opening the source reuses it
+            digest.update((imported or IMPORTS.catalog(source.ref)).content_hash.encode())
+        except (CatalogError, OSError):  # opening it will report the problem; the id still must be stable
+            return [Path(source.ref)]
+        return []
 
     def __init__(self, source: EnvironmentSource, imported: CatalogImport | None = None, built: Built | None = None):
         self.ref = source.ref
@@ -227,21 +428,39 @@ class SimulatedSource(Source):
                 "operations_skipped": len(self.imported.skipped)}
 
 
+@register
 class ModuleSource(_GraphFromEnvironment):
     """A user's ``Domain`` class, run in a sandboxed worker."""
 
     kind = "module"
+    config = ModuleSourceConfig
+    flag = SourceFlag("--env", "MODULE:CLASS", "a Python Domain (package.module:Class or an entry-point name); runs "
+                      "sandboxed; repeatable", search_path=True)
+
+    @classmethod
+    def hash_content(cls, source: EnvironmentSource, digest: Any, imported: CatalogImport | None) -> list[Path]:
+        from envs.registry import plugin_content_hash
+
+        try:
+            digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
+        except FileRefused as exc:
+            raise SourceError(f"module {source.ref}: {exc}") from None
+        return []
 
     def __init__(self, source: EnvironmentSource):
-        from envs.registry import resolve_domain
-
         self.ref = source.ref
         self.name = source_name(source)
         try:
-            self.plugin = resolve_domain(source.ref, search_path=search_path(source), name=self.name)
+            self.plugin = self.resolve(source)
             self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
-        except Exception as exc:  # the plugin is untrusted: any failure to start it is its failure, reported
-            raise SourceError(f"module {source.ref}: {exc}") from None
+        except Exception as exc:  # the code is untrusted: any failure to start it is its failure, reported
+            raise SourceError(f"{self.kind} {source.ref}: {exc}") from None
+
+    def resolve(self, source: EnvironmentSource) -> Any:
+        """The sandboxed source the ref names (nothing of the user's code runs here)."""
+        from envs.registry import resolve_domain
+
+        return resolve_domain(source.ref, search_path=search_path(source), name=self.name)
 
     def open(self, seed: int) -> ToolEnvironment:
         return self.plugin.open(seed)
@@ -254,32 +473,56 @@ class ModuleSource(_GraphFromEnvironment):
         self.plugin.close()
 
 
+@register
 class ObjectsSource(ModuleSource):
     """A user's plain Python objects (a factory of instances), run in a sandboxed worker."""
 
     kind = "objects"
+    config = ObjectsSourceConfig
+    flag = SourceFlag("--objects", "MODULE:FACTORY", "plain Python objects: package.module:factory (seed -> "
+                      "instances) or package.module:Class; public methods are the tools; runs sandboxed; repeatable. "
+                      "'bfcl': BFCL's 8 multi-turn classes with fresh states", search_path=True)
 
-    def __init__(self, source: EnvironmentSource):
+    @classmethod
+    def hash_content(cls, source: EnvironmentSource, digest: Any, imported: CatalogImport | None) -> list[Path]:
         from envs.objects import object_source
-        from envs.registry import DOMAINS
+        from envs.plugin import PluginError
 
-        self.ref = source.ref
-        self.name = source_name(source)
         try:
-            if source.ref == BFCL_REF:  # BFCL's 8 multi-turn classes with fresh states (generators.bfcl_synth)
-                self.plugin = bfcl_synthesis_source(name=self.name)
+            if source.ref == BFCL_REF:
+                digest.update(bfcl_synthesis_source().content_hash.encode())
             else:
-                self.plugin = object_source(source.ref, search_path=search_path(source), name=self.name,
-                                            reserved_names=frozenset(DOMAINS), values=source.values or None)
-            self.plugin.content_hash  # noqa: B018 - a package over the caps is refused here, not half-hashed later
-        except Exception as exc:  # the code is untrusted: any failure to start it is its failure, reported
+                digest.update(object_source(source.ref, search_path=search_path(source)).content_hash.encode())
+        except FileRefused as exc:
             raise SourceError(f"objects {source.ref}: {exc}") from None
+        except (PluginError, OSError):  # opening it reports the problem; the id still must be stable
+            digest.update(b"unresolved")
+        return []
+
+    def resolve(self, source: EnvironmentSource) -> Any:
+        from envs.objects import object_source
+
+        if source.ref == BFCL_REF:  # BFCL's 8 multi-turn classes with fresh states (generators.bfcl_synth)
+            return bfcl_synthesis_source(name=self.name)
+        return object_source(source.ref, search_path=search_path(source), name=self.name,
+                             reserved_names=frozenset(DOMAINS), values=source.values or None)
 
 
+@register
 class MCPSource(_GraphFromEnvironment):
-    """An MCP server over stdio: one sandboxed process per environment, each on its own copy of the state."""
+    """An MCP server over stdio: one sandboxed process per environment, each on its own copy of the state (its
+    content for the run id: the ``state`` folder, hashed for every kind)."""
 
     kind = "mcp"
+    config = MCPSourceConfig
+    flag = SourceFlag("--mcp", "COMMAND", "an MCP server command over stdio (node_modules/.bin/mcp-server-memory, a "
+                      "venv's console script, node path/dist/index.js), {workdir} standing for its working copy; "
+                      "repeatable. The --mcp-* options below apply to the --mcp before them (given before any --mcp: "
+                      "to every server)", ordered=True)
+
+    @classmethod
+    def default_stem(cls, ref: str) -> str:
+        return Path(ref.split()[0]).name
 
     def __init__(self, source: EnvironmentSource):
         from envs.mcp import mcp_source
@@ -315,20 +558,11 @@ class MCPSource(_GraphFromEnvironment):
             close()
 
 
-_KINDS: dict[str, type[Source]] = {"catalog": CatalogSource, "module": ModuleSource, "mcp": MCPSource,
-                                   "objects": ObjectsSource}
-
-
 def source_name(source: EnvironmentSource) -> str:
     """The default domain name of a source: the catalog's file stem, the server's program, the class name."""
     if source.name:
         return source.name
-    if source.kind == "catalog":
-        stem = Path(source.ref).name.split(".")[0]
-    elif source.kind == "mcp":
-        stem = Path(source.ref.split()[0]).name
-    else:
-        stem = source.ref.rsplit(":", 1)[-1]
+    stem = SOURCE_KINDS[source.kind].default_stem(source.ref)
     stem = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", stem)
     stem = re.sub(r"[^a-z0-9]+", "_", stem.lower()).strip("_") or "source"
     return ("s_" + stem if not stem[0].isalpha() else stem)[:40]
@@ -354,44 +588,20 @@ def content_hash(source: EnvironmentSource, imported: CatalogImport | None = Non
         SourceError: the plugin's package, the state folder or the overlay is over its caps (the message names
             the file and the cap).
     """
-    digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{source.overlay}".encode())
-    paths: list[tuple[Path, str]] = []
-    if source.kind == "catalog":
-        try:  # the import is kept for the process while its files are unchanged: opening the source reuses it
-            digest.update((imported or IMPORTS.catalog(source.ref)).content_hash.encode())
-        except (CatalogError, OSError):  # opening it will report the problem; the id still must be stable
-            paths.append((Path(source.ref), ""))
-    elif source.kind == "module":
-        from envs.registry import plugin_content_hash
-
-        try:
-            digest.update(plugin_content_hash(source.ref, search_path(source)).encode())
-        except FileRefused as exc:
-            raise SourceError(f"module {source.ref}: {exc}") from None
-    elif source.kind == "objects":
-        from envs.objects import object_source
-        from envs.plugin import PluginError
-
-        try:
-            if source.ref == BFCL_REF:
-                digest.update(bfcl_synthesis_source().content_hash.encode())
-            else:
-                digest.update(object_source(source.ref, search_path=search_path(source)).content_hash.encode())
-        except FileRefused as exc:
-            raise SourceError(f"objects {source.ref}: {exc}") from None
-        except (PluginError, OSError):  # opening it reports the problem; the id still must be stable
-            digest.update(b"unresolved")
-    if source.state:
-        paths.append((Path(source.state), "the state folder"))
-    if source.overlay:
-        paths.append((Path(source.overlay), "the overlay"))
+    state, overlay = getattr(source, "state", None), getattr(source, "overlay", None)  # fields of some kinds
+    digest = hashlib.sha256(f"{source.kind}\0{source.ref}\0{overlay}".encode())
+    paths = [(path, "") for path in SOURCE_KINDS[source.kind].hash_content(source, digest, imported)]
+    if state:
+        paths.append((Path(state), "the state folder"))
+    if overlay:
+        paths.append((Path(overlay), "the overlay"))
     for root, what in paths:
         try:
-            hash_tree(root, digest, caps=STATE_CAPS, what=what or "the catalog")
+            hash_tree(root, digest, caps=STATE_CAPS, what=what or f"the {source.kind}")
         except FileRefused as exc:
             if what:
                 raise SourceError(f"{source.kind} {source.ref!r}: {exc}") from None
-            digest.update(str(exc).encode())  # a catalog: its import refuses it the same way, with this line
+            digest.update(str(exc).encode())  # the kind's own files: opening it refuses them the same way
         except OSError as exc:
             digest.update(str(exc).encode())
     return digest.hexdigest()[:16]
@@ -408,9 +618,7 @@ def open_source(source: EnvironmentSource, play: Callable | None = None, imports
         SourceError: the source cannot be opened, or (with ``imports``) its content is no longer the content the
             run's id was made from.
     """
-    if source.kind != "catalog":
-        return _KINDS[source.kind](source)
-    return _open_catalog(source, play, imports)
+    return SOURCE_KINDS[source.kind].from_config(source, play, imports)
 
 
 def _open_catalog(source: EnvironmentSource, play: Callable | None, imports: RunImports | None,

@@ -23,8 +23,8 @@ import networkx as nx
 
 from envs import DOMAINS, Environment, ToolEnvironment, ToolSpec
 from envs.datagen import bookkeeping, value_for
-from generators.config import SamplingConfig
 from generators.graph import ToolGraph, domain_graph
+from generators.sampling import SamplingConfig
 from schemas import Lineage, PlanStep, Signature, Task
 from schemas.verifier import (
     AnswerCheck,

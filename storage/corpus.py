@@ -39,8 +39,8 @@ from storage.integrity import (
     file_sha256,
     inside,
     known_digests,
-    lstat_inside,
     log,
+    lstat_inside,
     marker_place,
     read_manifest,
     read_marker,
@@ -52,6 +52,11 @@ from storage.selections import CURATION_VIEWS, selection_views
 from storage.sql import confine
 
 DEFAULT_ROOT = Path("data/corpus")
+
+STORES: dict[str, type[Corpus]] = {}
+"""The corpus class of each URL scheme a root may have (``s3://``: ``storage.object_store.ObjectCorpus``, its own
+commit protocol). A store's module registers its class here, below it, so this module never imports its
+subclasses; ``storage`` imports every store module, so a root URL finds its class however ``Corpus`` was imported."""
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -101,10 +106,10 @@ class Corpus:
     """
 
     def __new__(cls, root: str | Path = DEFAULT_ROOT) -> Corpus:
-        if cls is Corpus and isinstance(root, str) and root.startswith("s3://"):
-            from storage.object_store import ObjectCorpus  # its own module: the object-store commit protocol
-
-            return super().__new__(ObjectCorpus)
+        if cls is Corpus and isinstance(root, str):
+            store = next((c for scheme, c in STORES.items() if root.startswith(scheme)), None)
+            if store is not None:
+                return super().__new__(store)
         return super().__new__(cls)
 
     def __init__(self, root: str | Path = DEFAULT_ROOT):

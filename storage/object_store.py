@@ -50,7 +50,7 @@ from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
 
-from storage.corpus import Corpus, atomic_write_bytes
+from storage.corpus import STORES, Corpus, atomic_write_bytes
 from storage.integrity import (
     ShardRecord,
     inside,
@@ -361,6 +361,9 @@ class ObjectCorpus(Corpus):
     # refused -------------------------------------------------------------------------------------------
     def rerecord(self, checks: list) -> int:
         raise NotImplementedError(UNSUPPORTED.format(what="repair"))
+
+
+STORES.update(dict.fromkeys(SCHEMES, ObjectCorpus))
 
 
 def diagnose_objects(corpus: ObjectCorpus) -> tuple[list[str], bool]:

@@ -5,9 +5,10 @@ an export means editing several lists and if-chains (``docs/extending.md`` maps 
 over the real lists and the real code behind them (no doubles) and names the list it found out of step.
 
 Specified here:
-* source kinds: every ``SourceKind`` value is opened by ``open_source`` (a missing ref is a ``SourceError``
-  naming it, never a ``KeyError``), has a ``Source`` class of that kind, is hashed by its content (an edit
-  makes a new run id), is produced by a ``synthesize`` command-line flag, and is documented;
+* source kinds: every kind registered in ``SOURCE_KINDS`` is opened by ``open_source`` (a missing ref is a
+  ``SourceError`` naming it), names itself from its ref, is hashed by its content (an edit makes a new run id),
+  is produced by its ``synthesize`` command-line flag, and is documented; the registry refuses a second class
+  under a taken kind and takes the same class twice;
 * catalog formats (``generators.catalog.registry``): ``catalog inspect --format`` offers every registered
   format; a file of each is detected as it, imports at least one tool (the same when the format is named), and
   opens as an executable environment exactly when its registration says so; registering is idempotent, a taken
@@ -55,8 +56,18 @@ from generators.catalog import (
     import_catalog,
     register_format,
 )
-from generators.config import WEAKNESSES, EnvironmentSource, SourceKind, Weakness
-from generators.sources import Source, SourceError, content_hash, open_source
+from generators.config import WEAKNESSES, EnvironmentSource, Weakness
+from generators.sources import (
+    SOURCE_KINDS,
+    ModuleSource,
+    Source,
+    SourceError,
+    SourceFlag,
+    content_hash,
+    open_source,
+    register,
+    source_name,
+)
 from generators.tasks import sample_tasks
 from schemas import CheckResult, Verdict
 from schemas.controls import CONTROLS
@@ -70,7 +81,7 @@ from verifiers.controls import MAKERS, accept, make_controls
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = ROOT / "docs" / "extending.md"
-KINDS = typing.get_args(SourceKind)
+KINDS = tuple(SOURCE_KINDS)
 
 
 def subclasses(cls: type) -> list[type]:
@@ -102,19 +113,55 @@ def test_open_source_dispatches_every_kind_and_names_a_ref_it_cannot_open(kind, 
                "module": "no_such_pkg_4711.domain:Shop", "objects": "no_such_pkg_4711.env:make"}.get(
         kind, "no_such_thing_4711")
     with pytest.raises(SourceError) as err:  # a KeyError here: the kind has no entry in open_source's table
-        open_source(EnvironmentSource(kind=kind, ref=missing, path=str(tmp_path)))
+        open_source(EnvironmentSource(kind=kind, ref=missing, **({"path": str(tmp_path)}
+                                                                 if "path" in SOURCE_KINDS[kind].config.model_fields
+                                                                 else {})))
     assert str(err.value).startswith(kind) and missing in str(err.value), err.value
 
 
-def test_every_kind_has_one_source_class_of_that_kind():
+def test_every_source_class_of_a_kind_is_registered_or_opened_by_one_that_is():
     by_kind: dict[str, list[str]] = {}
     for cls in subclasses(Source):
-        if not inspect.isabstract(cls) and isinstance(cls.__dict__.get("kind"), str):
+        if not inspect.isabstract(cls) and isinstance(cls.__dict__.get("kind"), str) and cls.__module__ != __name__:
             by_kind.setdefault(cls.kind, []).append(cls.__name__)
-    missing = [k for k in KINDS if k not in by_kind]
-    assert not missing, f"SourceKind values without a Source class in generators.sources: {missing}"
-    # catalog has two: an OpenAPI description runs, any other format is played by a model
+    assert all(SOURCE_KINDS[k].kind == k and issubclass(SOURCE_KINDS[k], Source) for k in KINDS)
+    # builtin is the run's domains, not a kind a config names; catalog has two classes: an OpenAPI description
+    # runs, any other format is played by a model (CatalogSource.from_config picks)
     assert sorted(by_kind) == sorted({*KINDS, "builtin"}), by_kind
+    assert sorted(by_kind["catalog"]) == ["CatalogSource", "SimulatedSource"]
+
+
+def test_the_registry_takes_a_class_twice_and_refuses_a_second_class_under_a_taken_kind():
+    assert register(ModuleSource) is ModuleSource and SOURCE_KINDS["module"] is ModuleSource
+
+    class Impostor(ModuleSource):
+        kind = "module"
+
+    with pytest.raises(ValueError, match="source kind 'module' is taken by generators.sources.ModuleSource"):
+        register(Impostor)
+
+    class Flagless(ModuleSource):
+        kind = "flagless4711"
+        flag = None
+
+    with pytest.raises(TypeError, match="declares no `flag`"):
+        register(Flagless)
+
+    class Configless(ModuleSource):
+        kind = "configless4711"  # its config is ModuleSource's, of kind module
+
+    with pytest.raises(TypeError, match="declares no `config`"):
+        register(Configless)
+    assert SOURCE_KINDS["module"] is ModuleSource and not {"flagless4711", "configless4711"} & set(SOURCE_KINDS)
+    with pytest.raises(ValueError, match="unknown source kind 'flagless4711'; source kinds: catalog, mcp, module"):
+        EnvironmentSource(kind="flagless4711", ref="x")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_names_itself_from_its_ref(kind):
+    name = source_name(EnvironmentSource(kind=kind, ref="/some/where/Pet-Shop4711.yaml --flag x:y"))
+    assert re.fullmatch(r"[a-z][a-z0-9_]{0,39}", name), name
+    assert source_name(EnvironmentSource(kind=kind, ref="whatever", name="mine")) == "mine"
 
 
 def _package(root: Path, module: str, body: str) -> Path:
@@ -163,8 +210,8 @@ def test_every_kind_has_a_content_case():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_editing_a_source_s_content_changes_its_hash(kind, tmp_path):
-    """``content_hash`` (an if-chain on the kind) must read the kind's content: otherwise an edited source
-    resumes the old run and mixes batches of two different environments."""
+    """``content_hash`` must read the kind's content (its ``hash_content``, or the ``state`` folder): otherwise an
+    edited source resumes the old run and mixes batches of two different environments."""
     source, path, edited = CONTENT_CASES[kind](tmp_path)
     before = content_hash(source)
     assert content_hash(source) == before  # the same content, the same run (resume)
@@ -196,8 +243,10 @@ def test_every_kind_has_a_synthesize_flag_and_every_source_flag_a_kind():
             if kinds:
                 produced[option] = kinds
     assert sorted({k for ks in produced.values() for k in ks}) == sorted(KINDS), \
-        f"synthesize flags give {produced}; every SourceKind needs one (flows/cli.py: synthesize_args and " \
-        "synthesize_sources)"
+        f"synthesize flags give {produced}; every registered kind needs one (its Source class's `flag`)"
+    for kind in KINDS:  # and each kind's own flag gives that kind
+        assert isinstance(SOURCE_KINDS[kind].flag, SourceFlag)
+        assert produced.get(SOURCE_KINDS[kind].flag.option) == [kind], (kind, produced)
 
 
 @pytest.mark.parametrize("kind", KINDS)

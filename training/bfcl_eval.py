@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import math
 import random
 import re
 import time
@@ -43,25 +42,13 @@ from typing import Any, Protocol
 
 from schemas import SCHEMA_VERSION
 from storage.external import MULTI_TURN_CATEGORIES, bfcl_file, default_bfcl_root
+from training.bfcl_replies import Reply, endpoint_tools, read_reply, wilson
 from verifiers.bfcl import CATEGORIES as CALL_CATEGORIES
 from verifiers.bfcl import match_calls, read_jsonl
 
 IRRELEVANCE = "irrelevance"
 CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)
 ALL_CATEGORIES = (*CATEGORIES, *MULTI_TURN_CATEGORIES)
-# Extraction problems that are recoveries (the call was read), not unreadable calls.
-_RECOVERED = ("(repaired)", "were given as a JSON string", "non-call item")
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
-
-
-@dataclass
-class Reply:
-    """What an agent answered to one question: the calls it made (``{"name", "arguments"}``, names as the
-    question spells them), and the calls it tried to make but that could not be read."""
-
-    calls: list[dict[str, Any]]
-    malformed: list[str] = field(default_factory=list)
-    content: str = ""
 
 
 @dataclass
@@ -208,30 +195,6 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def endpoint_tools(tools: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The tools with names OpenAI accepts (``^[A-Za-z0-9_-]{1,64}$``), and sent name → BFCL name."""
-    out, back = [], {}
-    for tool in tools:
-        name = tool["function"]["name"]
-        safe = _UNSAFE_NAME.sub("_", name)[:64]
-        base, n = safe, 1
-        while safe in back:  # "a.b" and "a_b" in one question stay two tools
-            n += 1
-            safe = f"{base[:60]}_{n}"
-        back[safe] = name
-        out.append({**tool, "function": {**tool["function"], "name": safe}})
-    return out, back
-
-
-def read_reply(message: dict[str, Any], names: dict[str, str]) -> Reply:
-    from generators.extraction import extract_tool_calls
-
-    extraction = extract_tool_calls(message)
-    calls = [{"name": names.get(c.name, c.name), "arguments": c.arguments} for c in extraction.calls]
-    malformed = [p for p in extraction.problems if not any(r in p for r in _RECOVERED)]
-    return Reply(calls=calls, malformed=malformed, content=extraction.content)
-
-
 # --- the data ----------------------------------------------------------------------------------------------------
 
 
@@ -275,16 +238,6 @@ def judge(question: Question, reply: Reply) -> tuple[bool, str]:
 
 
 # --- the measurement ---------------------------------------------------------------------------------------------
-
-def wilson(correct: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """The 95% Wilson score interval of a proportion (0, 0 for no items)."""
-    if n == 0:
-        return 0.0, 0.0
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
 
 def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequence[str] = CATEGORIES,
                   per_category: int | None = 20, seed: int = 0,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.external import MULTI_TURN_CATEGORIES, bfcl_eval_root, bfcl_function_docs, bfcl_multi_turn
-from training.bfcl_eval import endpoint_tools, read_reply, wilson
+from training.bfcl_replies import endpoint_tools, read_reply, wilson
 from verifiers.bfcl_multiturn import BFCLExecutor, BFCLVerdict, WorkerFailed, check_multi_turn
 
 INFERENCE_ERROR = "multi_turn:inference_error"

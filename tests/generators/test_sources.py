@@ -129,11 +129,31 @@ def test_the_prefect_form_shows_sources_as_typed_fields():
     from flows.synthesize import synthesize
 
     schema = parameter_schema(synthesize.fn).model_dump()
+    kinds = {"catalog": "CatalogSourceConfig", "mcp": "MCPSourceConfig", "module": "ModuleSourceConfig",
+             "objects": "ObjectsSourceConfig"}
     assert schema["definitions"]["SynthesizeConfig"]["properties"]["environments"]["items"] == {
-        "$ref": "#/definitions/EnvironmentSource"}
-    fields = schema["definitions"]["EnvironmentSource"]["properties"]
-    assert fields["kind"]["enum"] == ["catalog", "mcp", "module", "objects"]
-    assert all(fields[f].get("description") for f in ("kind", "ref", "name", "state", "overlay"))
+        "oneOf": [{"$ref": f"#/definitions/{kinds[k]}"} for k in sorted(kinds)]}
+    for kind, model in kinds.items():  # one form per kind, with the fields that apply to it
+        fields = schema["definitions"][model]["properties"]
+        assert fields["kind"]["const"] == kind
+        assert all(f.get("description") for name, f in fields.items() if name != "kind"), model
+    assert "overlay" in schema["definitions"]["CatalogSourceConfig"]["properties"]
+    assert "state" not in schema["definitions"]["CatalogSourceConfig"]["properties"]
+    assert {"state", "env", "values", "programs", "http"} <= set(schema["definitions"]["MCPSourceConfig"]["properties"])
+
+
+def test_each_kind_takes_only_its_own_fields_and_old_manifests_still_open():
+    with pytest.raises(ValidationError, match="state applies to mcp sources, not to catalog"):
+        EnvironmentSource(kind="catalog", ref="x.yaml", state="/tmp/s")
+    with pytest.raises(ValidationError, match="kind must be one of catalog, mcp, module, objects"):
+        SynthesizeConfig(environments=[{"kind": "graphql", "ref": "x"}])
+    # a manifest written when one model had every kind's fields: the other kinds' fields at their defaults
+    old = {"kind": "catalog", "ref": str(PETSTORE), "name": None, "state": None, "path": None, "env": {},
+           "values": {}, "programs": [], "http": None, "overlay": None}
+    (source,) = SynthesizeConfig(domains=[], environments=[old]).environments
+    assert type(source).__name__ == "CatalogSourceConfig" and source == EnvironmentSource(kind="catalog",
+                                                                                          ref=str(PETSTORE))
+    assert set(source.model_dump()) == {"kind", "ref", "name", "overlay"}
 
 
 def test_a_catalog_without_an_implementation_becomes_a_simulated_source(tmp_path):
