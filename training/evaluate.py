@@ -61,7 +61,6 @@ class LocalPolicy:
     def act(self, messages: list[Message]) -> Message:
         import torch
 
-        turn = sum(1 for m in messages if m["role"] == "assistant")
         prompt = render(self.tokenizer, messages, self.tools, add_generation_prompt=True)
         ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.lm.device)
         sample = self.temperature > 0
@@ -71,12 +70,20 @@ class LocalPolicy:
                                    eos_token_id=self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                    pad_token_id=self.tokenizer.pad_token_id)
         text = self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
-        message, problems = parse_assistant(text, turn)
-        if problems:
-            self.signals["malformed_calls"] = self.signals.get("malformed_calls", 0) + len(problems)
-        if not message.get("tool_calls") and not message["content"]:
-            message["content"] = "Done."
+        message, malformed = policy_message(text, messages)
+        if malformed:
+            self.signals["malformed_calls"] = self.signals.get("malformed_calls", 0) + malformed
         return message
+
+
+def policy_message(text: str, messages: list[Message]) -> tuple[Message, int]:
+    """The assistant message a policy's generated ``text`` stands for after ``messages``, and how many of its calls
+    were malformed; a turn with neither calls nor text says "Done.", so the conversation stays one a chat template
+    renders."""
+    message, problems = parse_assistant(text, sum(1 for m in messages if m["role"] == "assistant"))
+    if not message.get("tool_calls") and not message["content"]:
+        message["content"] = "Done."
+    return message, len(problems)
 
 
 @dataclass

@@ -47,12 +47,11 @@ from schemas import Message, Task, Trajectory, Verdict
 from schemas.verifier import components
 from storage import Corpus
 from storage.sql import SplitName, require_split
-from training.evaluate import held_out_sql, offered_tools
+from training.evaluate import held_out_sql, offered_tools, policy_message
 from training.policy import (
     StaleWeights,
     bf16_available,
     load_tokenizer,
-    parse_assistant,
     plain_messages,
     policy_path,
     render,
@@ -292,14 +291,11 @@ class _SampledPolicy:
         return self.label
 
     async def act(self, messages: list[Message]) -> Message:
-        turn = sum(1 for m in messages if m["role"] == "assistant")
         prompt = render(self.tokenizer, as_sampled(messages, self.raw), self.tools, add_generation_prompt=True)
         text = await self.batcher.generate(self.episode, prompt)
         self.raw.append(text)
-        message, problems = parse_assistant(text, turn)
-        self.malformed += len(problems)
-        if not message.get("tool_calls") and not message["content"]:
-            message["content"] = "Done."
+        message, malformed = policy_message(text, messages)
+        self.malformed += malformed
         return message
 
 
