@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from envs import Environment
 from generators.agents import ScriptedUser, run_episode
@@ -21,6 +23,15 @@ from schemas import Message, Task, Trajectory, Verdict
 from schemas import offered_tools as offer
 from training.policy import bf16_available, parse_assistant, render
 from verifiers.checks import verify
+
+
+MaxDepth = Annotated[int | None, Field(ge=1, le=6)]
+"""The deepest reference plan a training or evaluation stage takes (null = all); SFT, GRPO and evaluation each
+have one, default 2: the CPU default's 135M policy solves none deeper."""
+
+HeldOutShare = Annotated[float, Field(gt=0, lt=1)]
+"""The share of accepted tasks held out for evaluation (``held_out_sql``); SFT's and GRPO's must be equal
+(``TrainConfig`` checks), so neither trains on an evaluation task."""
 
 
 def offered_tools(task: Task, env: Environment, distractors: int = 2) -> list[str]:
