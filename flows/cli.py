@@ -199,11 +199,17 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_curate(args: argparse.Namespace) -> int:
+def cmd_stage(args: argparse.Namespace) -> int:
+    """``synthloop <stage>`` for a stage of the registry: its config from the command line, the checks its spec
+    asks for, its flow, and the run's summary as JSON."""
+    spec = stage_of(args.command)
     config = load_config(args)
-    require_corpus(args.corpus)
-    summary = run_flow(args, "curate", config=config, corpus_root=args.corpus)
-    print(json.dumps({k: v for k, v in summary.items() if k != "pass_rates"}, indent=2, default=str))
+    if spec.training:
+        require_training_extra()
+    if spec.reads_corpus:
+        require_corpus(args.corpus)
+    summary = run_flow(args, spec.name, config=config, corpus_root=args.corpus)
+    print(json.dumps({k: v for k, v in summary.items() if k not in spec.not_printed}, indent=2, default=str))
     return 0
 
 
@@ -226,20 +232,6 @@ def require_training_extra() -> None:
     if missing:
         raise UsageError(f"training needs the `train` extra ({', '.join(missing)} not installed): "
                          "pip install -e '.[train]'")
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    config = load_config(args)
-    require_training_extra()
-    require_corpus(args.corpus)
-    print(json.dumps(run_flow(args, "train", config=config, corpus_root=args.corpus), indent=2, default=str))
-    return 0
-
-
-def cmd_loop(args: argparse.Namespace) -> int:
-    config = load_config(args)
-    print(json.dumps(run_flow(args, "loop", config=config, corpus_root=args.corpus), indent=2, default=str))
-    return 0
 
 
 def cmd_bfcl(args: argparse.Namespace) -> int:
@@ -692,17 +684,19 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--max-rows", dest="max_rows", type=int, default=50)
     p.set_defaults(fn=cmd_query)
 
-    p = sub.add_parser("curate", help="run the curate flow: dedup, decontamination, necessity and difficulty probes")
-    config_options(p, "curate")
-    endpoint_args(p, "both probes")
-    run_args(p)
-    p.set_defaults(fn=cmd_curate)
+    def stage_command(name: str) -> None:
+        """A stage's command from its spec: its config's options, --base-url where it takes one, the corpus."""
+        spec = STAGES[name]
+        p = sub.add_parser(name, help=spec.help)
+        config_options(p, name)
+        if spec.endpoint_roles:
+            endpoint_args(p, spec.endpoint_roles)
+        run_args(p, spec.corpus, f"the {name}'s own corpus (default: {spec.corpus})" if spec.corpus != DEFAULT_CORPUS
+                 else "")
+        p.set_defaults(fn=cmd_stage)
 
-    p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, GRPO, evaluate "
-                                     "after each stage")
-    config_options(p, "train")
-    run_args(p)
-    p.set_defaults(fn=cmd_train)
+    stage_command("curate")
+    stage_command("train")
 
     p = sub.add_parser("bfcl", help="BFCL accuracy per category of a policy (local) or a model (OpenAI-compatible "
                                     "endpoint) on ../shared/benchmarks/bfcl")
@@ -730,10 +724,7 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--json", action="store_true", help="print the whole result (per item too) as JSON")
     p.set_defaults(fn=cmd_bfcl)
 
-    p = sub.add_parser("loop", help="run the loop flow: rounds of synthesize → curate → train → select → variants")
-    config_options(p, "loop")
-    run_args(p, STAGES["loop"].corpus, f"the loop's own corpus (default: {STAGES['loop'].corpus})")
-    p.set_defaults(fn=cmd_loop)
+    stage_command("loop")
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
     p.add_argument("format", choices=list(EXPORTS),

@@ -41,6 +41,8 @@ class StageSpec:
     stage: str
     config: str
     description: str
+    help: str = ""
+    """The command's one line in ``synthloop --help``."""
     shortcuts: tuple[Shortcut, ...] = ()
     """Flags for nested fields under the names users already type; every other nested field is a --set key."""
     extra: str | None = None
@@ -52,6 +54,14 @@ class StageSpec:
     """Its deployment takes ``serve --cron``'s schedule (the others follow a run of it)."""
     corpus: str = "data/corpus"
     """Its command's default corpus; a deployment puts a corpus other than the default one beside the served one."""
+    reads_corpus: bool = False
+    """Its command refuses to start without a corpus to read."""
+    training: bool = False
+    """Its command refuses to start without the ``train`` extra installed."""
+    endpoint_roles: str | None = None
+    """What ``--base-url`` is the endpoint of, where its command takes one."""
+    not_printed: tuple[str, ...] = ()
+    """Keys of the run's summary its command leaves out of what it prints (long lists)."""
 
     @property
     def flow(self) -> str:
@@ -88,10 +98,13 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
                          Shortcut("--continuation", "necessity.continuation"),
                          Shortcut("--rollouts", "difficulty.k", metavar="K"),
                          Shortcut("--difficulty-tasks", "difficulty.max_tasks", metavar="N")),
+              help="run the curate flow: dedup, decontamination, necessity and difficulty probes",
               extra="flows.cli:curate_endpoint", errors=("builtins:ValueError", "builtins:FileNotFoundError"),
-              inputs=("sources",)),
+              inputs=("sources",), reads_corpus=True, endpoint_roles="both probes", not_printed=("pass_rates",)),
     StageSpec("train", "stages.train:TrainStage", "training.config:TrainConfig",
               "Evaluate the base policy on held-out tasks, SFT it, GRPO it, evaluate after each stage.",
+              help="run the train flow: evaluate the base policy, SFT on sft_v1, GRPO, evaluate after each stage",
+              reads_corpus=True, training=True,
               shortcuts=(Shortcut("--max-steps", "sft.max_steps", metavar="N"),
                          Shortcut("--batch-size", "sft.batch_size", metavar="B"),
                          Shortcut("--policy", "sft.policy", metavar="DIR"),
@@ -106,6 +119,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
     # not a Stage of its own yet: its flow runs the other stages' flows and SelectStage's job per round
     StageSpec("loop", "stages.select:SelectStage", "stages.select:LoopConfig",
               "Closed loop: rounds of synthesize → curate → train → select boundary tasks and failures → variants.",
+              help="run the loop flow: rounds of synthesize → curate → train → select → variants",
               errors=("builtins:ValueError", "generators.sources:SourceError"), corpus="data/loop"),
 )}
 
