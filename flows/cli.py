@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import importlib
 import json
 import os
 import signal
@@ -15,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flows.options import Shortcut, UsageError, add_model_options, build_config
+from flows.options import UsageError, add_model_options, build_config
+from flows.registry import ALIASES, EXPORTS, STAGES, resolve, stage_of
 from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
 
 DEFAULT_CORPUS = "data/corpus"
@@ -23,50 +23,12 @@ STRUCTURED_OUTPUT = ["json_schema", "json_object_schema", "none"]
 
 
 def config_model(command: str) -> type:
-    """The config model a command's options are generated from, and the one its flow takes as ``config``.
-
-    The one place the CLI imports config models, when that command runs (the other commands stay fast)."""
-    if command in ("synthesize", "serve"):
-        from generators.config import SynthesizeConfig
-
-        return SynthesizeConfig
-    if command == "curate":
-        from stages.curate import CurateConfig
-
-        return CurateConfig
-    if command == "train":
-        from training.config import TrainConfig
-
-        return TrainConfig
-    from stages.select import LoopConfig
-
-    return LoopConfig
+    """The config model a command's options are generated from, and the one its flow takes as ``config``
+    (``flows.registry.STAGES``), imported when that command runs (the other commands stay fast)."""
+    return stage_of(command).config_model()
 
 
-CONFIG_COMMANDS = ("synthesize", "serve", "curate", "train", "loop")
-
-# Flags for nested fields under the names users already type; every other nested field is a --set key.
-SHORTCUTS: dict[str, list[Shortcut]] = {
-    "synthesize": [Shortcut("--llm-tasks", "agents.llm_tasks", metavar="N")],
-    "curate": [Shortcut("--no-tool-k", "necessity.k", metavar="K"),
-               Shortcut("--necessity-tasks", "necessity.max_tasks", metavar="N"),
-               Shortcut("--continuation", "necessity.continuation"),
-               Shortcut("--rollouts", "difficulty.k", metavar="K"),
-               Shortcut("--difficulty-tasks", "difficulty.max_tasks", metavar="N")],
-    "train": [Shortcut("--max-steps", "sft.max_steps", metavar="N"),
-              Shortcut("--batch-size", "sft.batch_size", metavar="B"),
-              Shortcut("--policy", "sft.policy", metavar="DIR"),
-              Shortcut("--adapter", "sft.adapter"),
-              Shortcut("--grpo-steps", "grpo.max_steps", metavar="N"),
-              Shortcut("--group-size", "grpo.group_size", metavar="G"),
-              Shortcut("--engine", "grpo.engine"),
-              Shortcut("--eval-tasks", "evaluation.tasks", metavar="N"),
-              # after the stage's own shortcuts: skipping a stage wins over its settings
-              Shortcut("--no-sft", "sft", const=None),
-              Shortcut("--no-grpo", "grpo", const=None)],
-    "loop": [],
-}
-SHORTCUTS["serve"] = SHORTCUTS["synthesize"]
+CONFIG_COMMANDS = (*STAGES, *ALIASES)
 
 
 def require_corpus(path: str):
@@ -213,26 +175,24 @@ def curate_endpoint(args: argparse.Namespace, data: dict) -> None:
             data.setdefault(probe, {})["endpoint"] = "cli"
 
 
-EXTRA = {"synthesize": synthesize_sources, "serve": synthesize_sources, "curate": curate_endpoint}
-
-
 def load_config(args: argparse.Namespace):
     """The config of a command line (model defaults < --config < flags < --set)."""
-    command = args.command
-    return build_config(config_model(command), args, SHORTCUTS[command], EXTRA.get(command))
+    spec = stage_of(args.command)
+    return build_config(spec.config_model(), args, spec.shortcuts, resolve(spec.extra) if spec.extra else None)
 
 
 def synthesize_config(args: argparse.Namespace):
     """The SynthesizeConfig of a synthesize or serve command line."""
-    return build_config(config_model("synthesize"), args, SHORTCUTS["synthesize"], synthesize_sources)
+    spec = STAGES["synthesize"]
+    return build_config(spec.config_model(), args, spec.shortcuts, resolve(spec.extra))
 
 
 def run_flow(args: argparse.Namespace, name: str, **parameters):
-    """Run the flow ``flows.<name>.<name>`` against a reachable Prefect server; its failures reach
+    """Run the stage ``name``'s flow (``flows.<name>.<name>``) against a reachable Prefect server; its failures reach
     :func:`exit_status`."""
     with prefect_api(args.port):
         # imported once the API URL is set: Prefect reads it on import
-        flow = getattr(importlib.import_module(f"flows.{name}"), name)
+        flow = STAGES[name].flow_function()
         console_without_tracebacks()
         return flow(**parameters)
 
@@ -248,11 +208,17 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_curate(args: argparse.Namespace) -> int:
+def cmd_stage(args: argparse.Namespace) -> int:
+    """``synthloop <stage>`` for a stage of the registry: its config from the command line, the checks its spec
+    asks for, its flow, and the run's summary as JSON."""
+    spec = stage_of(args.command)
     config = load_config(args)
-    require_corpus(args.corpus)
-    summary = run_flow(args, "curate", config=config, corpus_root=args.corpus)
-    print(json.dumps({k: v for k, v in summary.items() if k != "pass_rates"}, indent=2, default=str))
+    if spec.training:
+        require_training_extra()
+    if spec.reads_corpus:
+        require_corpus(args.corpus)
+    summary = run_flow(args, spec.name, config=config, corpus_root=args.corpus)
+    print(json.dumps({k: v for k, v in summary.items() if k not in spec.not_printed}, indent=2, default=str))
     return 0
 
 
@@ -275,20 +241,6 @@ def require_training_extra() -> None:
     if missing:
         raise UsageError(f"training needs the `train` extra ({', '.join(missing)} not installed): "
                          "pip install -e '.[train]'")
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    config = load_config(args)
-    require_training_extra()
-    require_corpus(args.corpus)
-    print(json.dumps(run_flow(args, "train", config=config, corpus_root=args.corpus), indent=2, default=str))
-    return 0
-
-
-def cmd_loop(args: argparse.Namespace) -> int:
-    config = load_config(args)
-    print(json.dumps(run_flow(args, "loop", config=config, corpus_root=args.corpus), indent=2, default=str))
-    return 0
 
 
 def cmd_bfcl(args: argparse.Namespace) -> int:
@@ -353,19 +305,13 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage import export_selection, export_trl
-
     corpus = require_corpus(args.corpus)
-    if (args.split or args.query) and args.format != "verl":
-        raise UsageError("--split and --query choose the tasks of `export verl` only")
-    if args.format == "verl":
-        from interop.verl import export_verl
-
-        n = export_verl(corpus, args.out, split=args.split, query=args.query)
-    elif args.format == "trl":
-        n = export_trl(corpus, args.out, run_id=args.run_id)
-    else:
-        n = export_selection(corpus, args.format, args.out)
+    export = EXPORTS[args.format]
+    for option in ("split", "query"):
+        if getattr(args, option) and option not in export.options:
+            takes = " ".join(f"`export {e.name}`" for e in EXPORTS.values() if option in e.options)
+            raise UsageError(f"--split and --query choose the tasks of {takes} only")
+    n = export(corpus, args.out, run_id=args.run_id, split=args.split, query=args.query)
     print(f"wrote {n} rows to {args.out}")
     return 0
 
@@ -673,7 +619,7 @@ def build_parser(command: str | None = None) -> _Parser:
 
     def config_options(p: _Parser, name: str) -> None:
         if name == command:
-            add_model_options(p, config_model(name), SHORTCUTS[name])
+            add_model_options(p, config_model(name), stage_of(name).shortcuts)
         else:  # not run: its options are never parsed
             p.add_argument("--config")
 
@@ -752,17 +698,19 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--max-rows", dest="max_rows", type=int, default=50)
     p.set_defaults(fn=cmd_query)
 
-    p = sub.add_parser("curate", help="run the curate flow: dedup, decontamination, necessity and difficulty probes")
-    config_options(p, "curate")
-    endpoint_args(p, "both probes")
-    run_args(p)
-    p.set_defaults(fn=cmd_curate)
+    def stage_command(name: str) -> None:
+        """A stage's command from its spec: its config's options, --base-url where it takes one, the corpus."""
+        spec = STAGES[name]
+        p = sub.add_parser(name, help=spec.help)
+        config_options(p, name)
+        if spec.endpoint_roles:
+            endpoint_args(p, spec.endpoint_roles)
+        run_args(p, spec.corpus, f"the {name}'s own corpus (default: {spec.corpus})" if spec.corpus != DEFAULT_CORPUS
+                 else "")
+        p.set_defaults(fn=cmd_stage)
 
-    p = sub.add_parser("train", help="run the train flow: evaluate the base policy, SFT on sft_v1, GRPO, evaluate "
-                                     "after each stage")
-    config_options(p, "train")
-    run_args(p)
-    p.set_defaults(fn=cmd_train)
+    stage_command("curate")
+    stage_command("train")
 
     p = sub.add_parser("bfcl", help="BFCL accuracy per category of a policy (local) or a model (OpenAI-compatible "
                                     "endpoint) on ../shared/benchmarks/bfcl")
@@ -790,13 +738,10 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--json", action="store_true", help="print the whole result (per item too) as JSON")
     p.set_defaults(fn=cmd_bfcl)
 
-    p = sub.add_parser("loop", help="run the loop flow: rounds of synthesize → curate → train → select → variants")
-    config_options(p, "loop")
-    run_args(p, "data/loop", "the loop's own corpus (default: data/loop)")
-    p.set_defaults(fn=cmd_loop)
+    stage_command("loop")
 
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
-    p.add_argument("format", choices=["trl", "sft_v1", "rl_v1", "verl"],
+    p.add_argument("format", choices=list(EXPORTS),
                    help="verl: one RL row per task (prompt, reward_model, extra_info.tools_kwargs); docs/openenv.md")
     p.add_argument("--out", required=True)
     p.add_argument("--run-id", dest="run_id")
@@ -894,7 +839,7 @@ def build_parser(command: str | None = None) -> _Parser:
     return parser
 
 
-UNWIND_ON_SIGTERM = frozenset({"synthesize", "curate", "train", "loop", "bfcl"})
+UNWIND_ON_SIGTERM = frozenset({*STAGES, "bfcl"})
 """Commands that may start the embedded model server. Serving commands (view, mcp, openenv, serve) are left to
 their servers' own signal handling: unwinding an event loop that waits on stdin would hang instead of exiting."""
 
@@ -953,11 +898,12 @@ def exit_status(exc: Exception, command: str, config_file: str | None = None) ->
 
     stopped = (EndpointUnreachable, EndpointUnavailable, LLMError, EmbeddedModelError, ConnectionError)
     # what a command's run raises about its inputs (a damaged corpus is a ValueError: CorpusDamaged)
-    failed = {"curate": (ValueError, FileNotFoundError), "train": (ValueError,), "loop": (ValueError,),
-              "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
-              "bfcl": (PolicyError, ValueError, FileNotFoundError, SandboxUnavailable, BFCLDataError)}.get(command, ())
-    # a user's --catalog/--mcp/--env that cannot be opened: the message names the source and the fix
-    failed += (SourceError,) if command in ("synthesize", "serve", "loop", "catalog") else ()
+    stage = stage_of(command)
+    failed = stage.error_types() if stage else {
+        "export": (ValueError,), "mcp": (ValueError,), "openenv": (ValueError,),
+        # a user's catalog file or --mcp server that cannot be opened: the message names the source and the fix
+        "catalog": (SourceError,),
+        "bfcl": (PolicyError, ValueError, FileNotFoundError, SandboxUnavailable, BFCLDataError)}.get(command, ())
     name = f"synthloop {command}"
     if isinstance(exc, UsageError):
         lines = str(exc).split("\n")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.registry import STAGES
 from storage import Corpus
 from storage.integrity import Report, diagnose
 
@@ -41,37 +42,14 @@ class RepairOutcome:
 def _rerun(corpus: Corpus, run_id: str, manifest: dict[str, Any]) -> None:
     """Run the flow that wrote ``run_id`` again with its manifest's config; ValueError if that config no longer
     names this run."""
-    stage, data, root = manifest.get("stage"), manifest.get("config"), str(corpus.root)
-    if stage == "synthesize":
-        from flows.synthesize import synthesize
-        from generators.config import SynthesizeConfig
-
-        config = SynthesizeConfig(**data)
-        _same_run(run_id, config.run_id)
-        synthesize(config=config, corpus_root=root)
-    elif stage == "curate":
-        from flows.curate import curate
-        from stages.curate import CurateConfig
-
-        config, sources = CurateConfig(**data), list(manifest.get("sources") or [])
-        _same_run(run_id, config.run_id(sources))
-        curate(config=config, corpus_root=root, sources=sources)
-    elif stage == "train":
-        from flows.train import train
-        from training.config import TrainConfig
-
-        config = TrainConfig(**data)
-        _same_run(run_id, config.run_id())
-        train(config=config, corpus_root=root)
-    elif stage == "loop":
-        from flows.loop import loop
-        from stages.select import LoopConfig
-
-        config = LoopConfig(**data)
-        _same_run(run_id, config.run_id())
-        loop(config=config, corpus_root=root)
-    else:
-        raise ValueError(f"its manifest names no stage this command can run again (stage {stage!r})")
+    name = manifest.get("stage")
+    stage = STAGES.get(name) if isinstance(name, str) else None
+    if stage is None:
+        raise ValueError(f"its manifest names no stage this command can run again (stage {name!r})")
+    config = stage.config_model()(**manifest.get("config"))
+    inputs = {key: list(manifest.get(key) or []) for key in stage.inputs}
+    _same_run(run_id, stage.run_id(config, inputs))
+    stage.flow_function()(config=config, corpus_root=str(corpus.root), **inputs)
 
 
 def _same_run(run_id: str, now: str) -> None:

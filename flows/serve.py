@@ -11,20 +11,15 @@ and corpus, pick them up.
 from __future__ import annotations
 
 import asyncio
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flows.curate import curate
-from flows.loop import loop
-from flows.synthesize import synthesize
-from flows.train import train
+from flows.registry import STAGES
 from generators.config import SynthesizeConfig
-from stages.curate import CurateConfig
-from stages.select import LoopConfig
-from training.config import TrainConfig
 
-FLOWS = {"synthesize": synthesize, "curate": curate, "train": train, "loop": loop}
+FLOWS = {name: spec.flow_function() for name, spec in STAGES.items()}
 SOURCE = Path(__file__).resolve().parents[1]
 """The folder deployments on a work pool are loaded from (workers import the flows from there)."""
 
@@ -40,24 +35,19 @@ class DeploymentSpec:
 def deployment_specs(corpus_root: str, config: SynthesizeConfig | None = None,
                      ray: str | None = None) -> list[DeploymentSpec]:
     """What each flow's ``default`` deployment runs: its form's defaults and the corpus it writes."""
-    root = str(Path(corpus_root).resolve())
-    synth: dict[str, Any] = {"config": (config or SynthesizeConfig()).model_dump(mode="json"), "corpus_root": root}
-    if ray:
-        synth["ray"] = ray
-    return [
-        DeploymentSpec("synthesize", synth, "Synthesise a verified tool-use corpus on the built-in environments.",
-                       scheduled=True),
-        # started from the UI (its form is CurateConfig); unscheduled: it follows a synthesis
-        DeploymentSpec("curate", {"config": CurateConfig().model_dump(mode="json"), "corpus_root": root},
-                       "Dedup, decontaminate and probe the corpus: necessity labels, min_calls, difficulty buckets."),
-        DeploymentSpec("train", {"config": TrainConfig().model_dump(mode="json"), "corpus_root": root},
-                       "Evaluate the base policy on held-out tasks, SFT it, GRPO it, evaluate after each stage."),
-        # its corpus sits beside the main one
-        DeploymentSpec("loop", {"config": LoopConfig().model_dump(mode="json"),
-                                "corpus_root": str(Path(root).parent / "loop")},
-                       "Closed loop: rounds of synthesize → curate → train → select boundary tasks and failures → "
-                       "variants."),
-    ]
+    root = Path(corpus_root).resolve()
+    given = {"synthesize": config} if config else {}
+    specs = []
+    for name, stage in STAGES.items():
+        # its form's defaults; a stage with a corpus of its own (the loop's) gets one beside the served corpus
+        parameters: dict[str, Any] = {
+            "config": (given.get(name) or stage.config_model()()).model_dump(mode="json"),
+            "corpus_root": str(root if stage.corpus == STAGES["synthesize"].corpus
+                               else root.parent / Path(stage.corpus).name)}
+        if ray and "ray" in inspect.signature(FLOWS[name].fn).parameters:
+            parameters["ray"] = ray
+        specs.append(DeploymentSpec(name, parameters, stage.description, scheduled=stage.scheduled))
+    return specs
 
 
 def serve_deployments(*, cron: str | None = None, corpus_root: str = "data/corpus",

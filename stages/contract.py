@@ -76,6 +76,10 @@ def execute(stage: Stage, job: Job, context: JobContext) -> dict[str, Any]:
         return {"batch": job.batch, "job": job.title, "skipped": True}
     result = stage.run(job, context)
     if result is not None:
+        undeclared = set(result.tables) - set(stage.writes)
+        if undeclared:
+            raise TypeError(f"{type(stage).__name__} wrote {sorted(undeclared)}, tables it does not declare in "
+                            f"`writes` {stage.writes}: declare them")
         corpus.write_batch(stage.run_id, job.stage, job.batch, result.tables, result.summary)
     if context.progress_dir:
         Path(context.progress(job).path).unlink(missing_ok=True)
@@ -94,6 +98,10 @@ class Stage(ABC):
     """Jobs read earlier jobs' output (train: evaluate the policy SFT wrote), so they run in order, here."""
     log_prints: ClassVar[bool] = True
     """Whether the flow run log captures what a job prints."""
+    reads: ClassVar[tuple[str, ...]] = ()
+    """The corpus tables and views the stage reads (its inputs; ``tests/stages/test_tables.py`` checks them)."""
+    writes: ClassVar[tuple[str, ...]] = ()
+    """The tables the stage writes rows to; ``execute`` refuses a job's rows for any other table."""
 
     @property
     @abstractmethod

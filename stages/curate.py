@@ -537,6 +537,9 @@ class CurateStage(Stage):
 
     name = "curate"
     Config = CurateConfig
+    reads = ("tasks", "trajectories", "verdicts", "curation_labels", "necessity", "difficulty", "split_sft_v1",
+             "split_rl_v1")
+    writes = ("dedup", "necessity", "difficulty", "trajectories", "verdicts", "llm_usage")
 
     def __init__(self, config: CurateConfig, sources: list[str]):
         self.config = config

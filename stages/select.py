@@ -168,6 +168,8 @@ class SelectStage(Stage):
 
     name = "select"
     Config = SelectionSettings
+    reads = ("tasks", "trajectories", "verdicts", "grpo_steps")
+    writes = ("replay_buffer",)
 
     def __init__(self, config: SelectionSettings, loop_run_id: str, round_: int, train_run_id: str):
         self.config = config

@@ -278,6 +278,9 @@ class SynthesizeStage(Stage):
 
     name = "synthesize"
     Config = SynthesizeConfig
+    reads = ("tools", "tool_edges", "llm_usage")  # its own rows, for the summary: its inputs are its sources
+    writes = ("tools", "tool_edges", "tasks", "trajectories", "verdicts", "environments", "sample_failures",
+              "llm_usage")
 
     def __init__(self, config: SynthesizeConfig):
         self.config = config

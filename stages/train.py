@@ -139,6 +139,8 @@ class TrainStage(Stage):
 
     name = "train"
     Config = TrainConfig
+    reads = ("tasks", "accepted_tasks", "split_sft_v1", "split_rl_v1", "replay_buffer", "policy_evals")
+    writes = ("policy_evals", "bfcl_evals", "grpo_steps", "trajectories", "verdicts")
     sequential = True
     # print capture off: the flow logs prints, and dill (datasets' fingerprint of TRL's map functions) finds a
     # function's globals by capturing the `print` of its disassembly — with capture on, it found none and the

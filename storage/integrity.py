@@ -53,6 +53,8 @@ log = logging.getLogger("synthloop.corpus")
 MARKER_VERSION = 2
 
 # Stages in the order a repair must redo them: a curate run reads synthesize runs, a train run reads both.
+# The stage registry (flows.registry.STAGES) sits in a layer above this one; a contract test
+# (tests/test_extension_contracts.py) proves the two name the same stages in the same order.
 STAGE_ORDER = ("synthesize", "curate", "train", "loop")
 
 
@@ -635,9 +637,9 @@ def diagnose(corpus: Corpus) -> Report:
                               f"remove the run (_runs/{run_id} and its run={run_id} shard folders) and run it again")
         elif report.stage not in STAGE_ORDER or not isinstance(manifest.get("config"), dict):
             report.repairable = False
-            report.why_not = (f"its manifest ({corpus.manifest_path(run_id)}) holds no config of a synthesize, "
-                              f"curate, train or loop run to redo it with; delete the damaged batch's done marker and "
-                              f"rerun what wrote it")
+            report.why_not = (f"its manifest ({corpus.manifest_path(run_id)}) holds no config of a "
+                              f"{', '.join(STAGE_ORDER[:-1])} or {STAGE_ORDER[-1]} run to redo it with; delete the "
+                              f"damaged batch's done marker and rerun what wrote it")
         runs.append(report)
     runs.sort(key=lambda r: (STAGE_ORDER.index(r.stage) if r.stage in STAGE_ORDER else len(STAGE_ORDER), r.run_id))
     shards = sum(len(c.shard_records(corpus.root)) for c in checks)

@@ -18,10 +18,12 @@ Specified here:
   every registered kind has a play (``generators.agents.PLAYS``) and, where it carries fields, a maker
   (``verifiers.controls.MAKERS``); each kind, played by the oracle, departs from the reference and is rejected on
   outcome; ``accept`` requires only registered kinds; a kind is no role other stages write;
-* stages: every stage repair orders (``STAGE_ORDER``) has a flow ``flows.<name>.<name>`` taking its config
-  model, a CLI command, a deployment, and a ``Stage`` class (where it has one) with the same config; repair can
-  redo a run of it;
-* exports: ``export``'s formats are ``trl``, ``verl`` and exactly the named selections;
+* stages: every stage of the registry (``flows.registry.STAGES``) has a flow ``flows.<name>.<name>`` taking its
+  config model, a CLI command, a deployment, and a ``Stage`` class declaring its config and the tables it writes;
+  the lists of the layers below (``STAGE_ORDER``, the viewer's ``STAGE_PLOTS``) equal it; repair can redo a run
+  of it (what each stage reads and writes is checked by ``tests/stages/test_tables.py``);
+* exports: ``export``'s formats are the registry's (``flows.registry.EXPORTS``): ``trl``, ``verl`` and exactly the
+  named selections, each writer taking the options it is given;
 * failure labels: the ``Weakness`` literal and ``WEAKNESSES`` agree;
 * the guide: each axis's heading in ``docs/extending.md`` lists exactly the names the code registers.
 """
@@ -46,6 +48,7 @@ import pytest
 from envs import DOMAINS, Environment
 from flows.cli import CONFIG_COMMANDS, build_parser, config_model, load_config
 from flows.repair import repair
+from flows.registry import EXPORTS, STAGES, resolve
 from flows.serve import FLOWS, deployment_specs
 from generators.agents import PLAYS, OracleAssistant, ScriptedUser, run_episode
 from generators.catalog import (
@@ -74,6 +77,7 @@ from schemas.controls import CONTROLS
 from stages.contract import Stage
 from storage import Corpus
 from storage.integrity import STAGE_ORDER
+from viewer.app import PLOTS, STAGE_PLOTS
 from storage.selections import SELECTIONS
 from storage.sql import split_view
 from verifiers.checks import verify
@@ -463,43 +467,52 @@ def test_control_kinds_are_no_role_other_stages_write():
 # --- stages -----------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", STAGE_ORDER)
+@pytest.mark.parametrize("stage", STAGES)
 def test_every_stage_has_a_flow_taking_its_config_model(stage):
-    flow = getattr(importlib.import_module(f"flows.{stage}"), stage)
+    flow = STAGES[stage].flow_function()
+    assert flow.name == stage and flow is FLOWS[stage]
     config = inspect.signature(flow.fn).parameters["config"]
     assert isinstance(config.default, config_model(stage)), (stage, config.default, config_model(stage))
+    for key in STAGES[stage].inputs:  # what repair hands the flow again from the manifest
+        assert key in inspect.signature(flow.fn).parameters, (stage, key)
 
 
-@pytest.mark.parametrize("stage", STAGE_ORDER)
+@pytest.mark.parametrize("stage", STAGES)
 def test_every_stage_has_a_cli_command_and_a_deployment(stage, tmp_path):
-    assert stage in CONFIG_COMMANDS, "flows/cli.py: CONFIG_COMMANDS"
+    assert stage in CONFIG_COMMANDS
     args, extra = build_parser(stage).parse_known_args([stage, "--corpus", str(tmp_path)])
     assert not extra and args.command == stage
     assert isinstance(load_config(args), config_model(stage))
-    assert FLOWS[stage].name == stage, "flows/serve.py: FLOWS"
     specs = {s.flow: s for s in deployment_specs(str(tmp_path))}
-    assert set(specs) == set(FLOWS), "flows/serve.py: deployment_specs and FLOWS differ"
+    assert list(specs) == list(STAGES)
     config_model(stage).model_validate(specs[stage].parameters["config"])
+    assert all(issubclass(e, BaseException) for e in STAGES[stage].error_types())
 
 
-def test_the_stage_lists_agree():
-    assert set(FLOWS) == set(STAGE_ORDER), "flows/serve.py FLOWS vs storage/integrity.py STAGE_ORDER"
-    assert set(CONFIG_COMMANDS) - {"serve"} == set(STAGE_ORDER), "flows/cli.py CONFIG_COMMANDS vs STAGE_ORDER"
+def test_the_lists_below_the_registry_name_its_stages_in_its_order():
+    """``storage`` and ``viewer`` cannot import ``flows``; their lists must equal the registry."""
+    assert STAGE_ORDER == tuple(STAGES), "storage/integrity.py STAGE_ORDER vs flows/registry.py STAGES"
+    assert set(STAGE_PLOTS) == set(STAGES), "viewer/app.py STAGE_PLOTS vs flows/registry.py STAGES"
+    assert all(key in PLOTS for keys in STAGE_PLOTS.values() for key in keys)
 
 
-def test_every_stage_class_declares_its_config():
+def test_every_stage_class_declares_its_config_and_its_tables():
     stages = {cls.name: cls for cls in subclasses(Stage) if cls.__module__.startswith("stages.")}
     assert {"synthesize", "curate", "train", "select"} <= set(stages)
     for name, cls in stages.items():
         assert isinstance(getattr(cls, "Config", None), type), f"{cls.__name__} has no Config"
-        if name in STAGE_ORDER:
+        assert cls.writes, f"{cls.__name__} declares no table it writes"
+    for name, spec in STAGES.items():
+        cls = spec.stage_class()
+        assert issubclass(cls, Stage)
+        if cls.name == name:  # the loop is a flow over the other stages, with SelectStage's job per round
             assert cls.Config is config_model(name), (name, cls.Config, config_model(name))
 
 
-@pytest.mark.parametrize("stage", STAGE_ORDER)
+@pytest.mark.parametrize("stage", STAGES)
 def test_repair_can_redo_a_run_of_every_stage(stage, tmp_path):
-    """``repair`` reruns a damaged run through an if-chain on the manifest's stage; a stage it does not know
-    is reported as "names no stage". Here the run id is not the config's, so repair stops before running."""
+    """``repair`` reruns a damaged run by the registry; a stage it does not know is reported as "names no
+    stage". Here the run id is not the config's, so repair stops before running."""
     corpus = Corpus(tmp_path)
     corpus.write_manifest("r0", {"run_id": "r0", "stage": stage, "status": "incomplete", "config": {}})
     outcome = repair(tmp_path)
@@ -512,11 +525,13 @@ def test_repair_can_redo_a_run_of_every_stage(stage, tmp_path):
 
 def test_export_offers_trl_verl_and_every_selection():
     offered = help_choices(["export"])
-    assert sorted(offered) == sorted({"trl", "verl", *SELECTIONS}), \
-        "flows/cli.py: `export` choices vs storage.selections.SELECTIONS"
-    for name in offered:
-        if name not in ("trl", "verl"):
-            split_view(name)  # raises for a name no selection implements
+    assert offered == list(EXPORTS)
+    assert sorted(offered) == sorted({"trl", "verl", *SELECTIONS})
+    for name, export in EXPORTS.items():
+        writer = inspect.signature(resolve(export.write)).parameters
+        assert all(option in writer for option in export.options), (name, export.options)
+        if export.selection:
+            split_view(export.selection)  # raises for a name no selection implements
 
 
 # --- failure labels ---------------------------------------------------------------------------------------------
@@ -531,7 +546,7 @@ def test_the_weakness_literal_and_list_agree():
 
 @pytest.mark.parametrize("heading, names", [
     ("Source kinds", KINDS), ("Catalog formats", DETECTED), ("Negative-control kinds", tuple(CONTROLS)),
-    ("Stages", STAGE_ORDER), ("Exports", ("trl", "verl", *SELECTIONS)),
+    ("Stages", tuple(STAGES)), ("Exports", tuple(EXPORTS)),
 ], ids=["source kinds", "catalog formats", "control kinds", "stages", "exports"])
 def test_the_guide_lists_exactly_the_registered_names(heading, names):
     """Each axis's heading in docs/extending.md lists its names (``## Stages: `synthesize`, ...``)."""

@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from storage.identity import run_identity
+from training.evaluate import MaxDepth
 from training.grpo import GRPOSettings
 from training.sft import SFTSettings
 
@@ -21,7 +22,7 @@ class EvalSettings(StrictModel):
     k: int = Field(1, ge=1, le=16, description="Attempts per task (pass^k needs k > 1; sampled at temperature 0.7).")
     max_turns: int = Field(8, ge=1, le=40, description="Assistant turns before the episode is cut.")
     max_new_tokens: int = Field(160, ge=16, le=2048)
-    max_depth: int | None = Field(2, ge=1, le=6, description="Only held-out tasks this deep or shallower: the CPU "
+    max_depth: MaxDepth = Field(2, description="Only held-out tasks this deep or shallower: the CPU "
                                                              "default's 135M policy solves none deeper; null = all.")
 
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 from envs import Environment
 from generators.agents import ScriptedUser, run_episode
@@ -21,6 +23,15 @@ from schemas import Message, Task, Trajectory, Verdict
 from schemas import offered_tools as offer
 from training.policy import bf16_available, parse_assistant, render
 from verifiers.checks import verify
+
+
+MaxDepth = Annotated[int | None, Field(ge=1, le=6)]
+"""The deepest reference plan a training or evaluation stage takes (null = all); SFT, GRPO and evaluation each
+have one, default 2: the CPU default's 135M policy solves none deeper."""
+
+HeldOutShare = Annotated[float, Field(gt=0, lt=1)]
+"""The share of accepted tasks held out for evaluation (``held_out_sql``); SFT's and GRPO's must be equal
+(``TrainConfig`` checks), so neither trains on an evaluation task."""
 
 
 def offered_tools(task: Task, env: Environment, distractors: int = 2) -> list[str]:
@@ -61,7 +72,6 @@ class LocalPolicy:
     def act(self, messages: list[Message]) -> Message:
         import torch
 
-        turn = sum(1 for m in messages if m["role"] == "assistant")
         prompt = render(self.tokenizer, messages, self.tools, add_generation_prompt=True)
         ids = self.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(self.lm.device)
         sample = self.temperature > 0
@@ -71,12 +81,20 @@ class LocalPolicy:
                                    eos_token_id=self.tokenizer.convert_tokens_to_ids("<|im_end|>"),
                                    pad_token_id=self.tokenizer.pad_token_id)
         text = self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
-        message, problems = parse_assistant(text, turn)
-        if problems:
-            self.signals["malformed_calls"] = self.signals.get("malformed_calls", 0) + len(problems)
-        if not message.get("tool_calls") and not message["content"]:
-            message["content"] = "Done."
+        message, malformed = policy_message(text, messages)
+        if malformed:
+            self.signals["malformed_calls"] = self.signals.get("malformed_calls", 0) + malformed
         return message
+
+
+def policy_message(text: str, messages: list[Message]) -> tuple[Message, int]:
+    """The assistant message a policy's generated ``text`` stands for after ``messages``, and how many of its calls
+    were malformed; a turn with neither calls nor text says "Done.", so the conversation stays one a chat template
+    renders."""
+    message, problems = parse_assistant(text, sum(1 for m in messages if m["role"] == "assistant"))
+    if not message.get("tool_calls") and not message["content"]:
+        message["content"] = "Done."
+    return message, len(problems)
 
 
 @dataclass

@@ -47,12 +47,11 @@ from schemas import Message, Task, Trajectory, Verdict
 from schemas.verifier import components
 from storage import Corpus
 from storage.sql import SplitName, require_split
-from training.evaluate import held_out_sql, offered_tools
+from training.evaluate import HeldOutShare, MaxDepth, held_out_sql, offered_tools, policy_message
 from training.policy import (
     StaleWeights,
     bf16_available,
     load_tokenizer,
-    parse_assistant,
     plain_messages,
     policy_path,
     render,
@@ -69,7 +68,7 @@ class GRPOSettings(StrictModel):
     split: SplitName = Field("rl_v1", description="Tasks to train on (the boundary bucket of the curation).")
     fallback_split: SplitName | None = Field("sft_v1", description="Used when `split` is empty (e.g. the curation's target "
                                                              "model found no boundary task); null = refuse.")
-    max_depth: int | None = Field(2, ge=1, le=6, description="Only tasks this deep or shallower (short episodes).")
+    max_depth: MaxDepth = Field(2, description="Only tasks this deep or shallower (short episodes).")
     adapter: Literal["lora", "full"] = Field("lora")
     lora_r: int = Field(16, ge=1, le=256)
     group_size: int = Field(4, ge=2, le=64, description="Rollouts per task (8–16 on a GPU).")
@@ -86,7 +85,7 @@ class GRPOSettings(StrictModel):
     gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
     precision: Literal["auto", "fp32", "bf16"] = Field("auto")
     distractors: int = Field(2, ge=0)
-    held_out_share: float = Field(0.1, gt=0, lt=1, description="Must match SFT's: held-out tasks are never trained on.")
+    held_out_share: HeldOutShare = Field(0.1, description="Must match SFT's: held-out tasks are never trained on.")
     save_steps: int = Field(2, ge=1)
     keep_checkpoints: bool = Field(False, description="Keep the optimizer checkpoints of a finished run (to continue "
                                                       "it with more steps).")
@@ -292,14 +291,11 @@ class _SampledPolicy:
         return self.label
 
     async def act(self, messages: list[Message]) -> Message:
-        turn = sum(1 for m in messages if m["role"] == "assistant")
         prompt = render(self.tokenizer, as_sampled(messages, self.raw), self.tools, add_generation_prompt=True)
         text = await self.batcher.generate(self.episode, prompt)
         self.raw.append(text)
-        message, problems = parse_assistant(text, turn)
-        self.malformed += len(problems)
-        if not message.get("tool_calls") and not message["content"]:
-            message["content"] = "Done."
+        message, malformed = policy_message(text, messages)
+        self.malformed += malformed
         return message
 
 

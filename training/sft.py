@@ -22,7 +22,7 @@ from generators.strict import StrictModel
 from schemas import Task
 from storage import Corpus
 from storage.sql import SplitName, require_split
-from training.evaluate import held_out_sql, offered_tools
+from training.evaluate import HeldOutShare, MaxDepth, held_out_sql, offered_tools
 from training.policy import bf16_available, load_tokenizer, policy_path, render, weights_digest
 
 
@@ -41,9 +41,9 @@ class SFTSettings(StrictModel):
                                                       "counted (a truncated one would never show how to finish).")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="auto = bf16 where the device has it "
                                                                          "(CUDA, or a CPU with AVX512-BF16).")
-    held_out_share: float = Field(0.1, gt=0, lt=1, description="Share of accepted tasks kept out for evaluation.")
+    held_out_share: HeldOutShare = Field(0.1, description="Share of accepted tasks kept out for evaluation.")
     distractors: int = Field(2, ge=0, description="Other tools of the domain offered next to the task's own.")
-    max_depth: int | None = Field(2, ge=1, le=6, description="Only tasks this deep or shallower; 2 suits the 135M "
+    max_depth: MaxDepth = Field(2, description="Only tasks this deep or shallower; 2 suits the 135M "
                                                              "CPU default (the evaluation's depth); null = every depth.")
     save_steps: int | None = Field(None, ge=1, description="Checkpoint every this many steps (default: a quarter of the run).")
     keep_checkpoints: bool = Field(False, description="Keep the optimizer checkpoints of a finished run (to continue "

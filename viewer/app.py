@@ -47,25 +47,37 @@ def _page(name: str, status: int = 200, **context: Any) -> HTMLResponse:
     return HTMLResponse(TEMPLATES.get_template(name).render(**context), status_code=status)
 
 
+def _coverage_plot(reader: data.CorpusReader, run_id: str) -> str | None:
+    cov = data.coverage(reader, run_id)
+    return plots.bars([(d, used / total if total else 0.0, f"{used} of {total}") for d, used, total in cov],
+                      "tool coverage per domain")
+
+
+PLOTS: dict[str, tuple[str, str, Any]] = {
+    "acceptance": ("Acceptance by domain × depth", "share of tasks accepted, and how many tasks, per cell",
+                   lambda reader, run_id: plots.heatmap(data.acceptance(reader, run_id))),
+    "coverage": ("Coverage", "tools of each domain's catalog that accepted tasks' reference plans use", _coverage_plot),
+    "pass_rates": ("p̂ histogram", "the policy's pass rate per probed task (latest difficulty probe)",
+                   lambda reader, run_id: plots.histogram(data.pass_rates(reader))),
+    "grpo_rewards": ("GRPO reward per step", "mean verifier reward of each step's rollouts",
+                     lambda reader, run_id: plots.lines(data.grpo_rewards(reader, run_id), "GRPO reward per step",
+                                                        "mean reward")),
+    "evaluations": ("Evaluation per stage", "held-out pass@1, valid-call rate and BFCL accuracy after each stage",
+                    lambda reader, run_id: plots.grouped(data.evaluations(reader, run_id), "evaluation per stage")),
+}
+"""Plot key → (title, what it shows, ``draw(reader, run_id)`` → SVG or None)."""
+
+STAGE_PLOTS: dict[str, tuple[str, ...]] = {
+    "synthesize": ("acceptance", "coverage"), "curate": ("pass_rates",), "train": ("grpo_rewards", "evaluations"),
+    "loop": ("grpo_rewards", "evaluations")}
+"""The plots a run of each stage shows. The stage registry (``flows.registry.STAGES``) is in a layer above the
+viewer; ``tests/test_extension_contracts.py`` proves this names exactly its stages."""
+
+
 def _plots(reader: data.CorpusReader, run_id: str = "", stage: str = "") -> list[tuple[str, str, str | None]]:
     """(title, what it shows, SVG or None) for the plots that fit a run's stage (all of them for the corpus)."""
-    out = []
-    if stage in ("", "synthesize"):
-        out.append(("Acceptance by domain × depth", "share of tasks accepted, and how many tasks, per cell",
-                    plots.heatmap(data.acceptance(reader, run_id))))
-        cov = data.coverage(reader, run_id)
-        out.append(("Coverage", "tools of each domain's catalog that accepted tasks' reference plans use",
-                    plots.bars([(d, used / total if total else 0.0, f"{used} of {total}") for d, used, total in cov],
-                               "tool coverage per domain")))
-    if stage in ("", "curate"):
-        out.append(("p̂ histogram", "the policy's pass rate per probed task (latest difficulty probe)",
-                    plots.histogram(data.pass_rates(reader))))
-    if stage in ("", "train", "loop"):
-        out.append(("GRPO reward per step", "mean verifier reward of each step's rollouts",
-                    plots.lines(data.grpo_rewards(reader, run_id), "GRPO reward per step", "mean reward")))
-        out.append(("Evaluation per stage", "held-out pass@1, valid-call rate and BFCL accuracy after each stage",
-                    plots.grouped(data.evaluations(reader, run_id), "evaluation per stage")))
-    return out
+    keys = STAGE_PLOTS.get(stage, ()) if stage else tuple(PLOTS)
+    return [(PLOTS[key][0], PLOTS[key][1], PLOTS[key][2](reader, run_id)) for key in keys]
 
 
 def create_app(root: str | Path, page_size: int = data.PAGE_SIZE) -> Starlette:
