@@ -63,8 +63,8 @@ VERBS = frozenset({"get", "fetch", "list", "show", "find", "read", "retrieve", "
 # Words that end a schema's name without naming its entity: ``ListPetsResponse`` is about pets.
 GENERIC_WORDS = frozenset({"response", "result", "results", "list", "page", "object", "body", "data", "dto",
                            "schema", "output", "item", "items", "entry", "record", "resource", "instance", "compact"})
-# Words that start a schema's name without naming its entity: ``full-repository`` and ``minimal-repository`` are
-# both repositories, ``nullable-simple-user`` is a user.
+# Words that start or end a schema's name without naming its entity: ``full-repository`` and
+# ``Pull Request Minimal`` are a repository and a pull request, ``nullable-simple-user`` is a user.
 SCHEMA_QUALIFIERS = frozenset({"full", "minimal", "simple", "nullable", "compact", "base"})
 
 CREATE_VERBS = frozenset({"create", "add", "insert", "post", "new", "register"})
@@ -157,12 +157,14 @@ class OutputField:
         type: Its JSON type.
         holder: Names of the object holding the field, best first: its schema ``title`` (or ``$ref`` name), then
             the property that holds it; empty at the top of the result. They say whose ``id`` an ``id`` is.
+        named: Whether the first holder is a schema's name, not only the property that holds an inline object.
     """
 
     path: tuple[str, ...]
     name: str
     type: str
     holder: tuple[str, ...] = field(default=(), compare=False)
+    named: bool = field(default=False, compare=False)
 
 
 def _scalar_type(schema: Any) -> str | None:
@@ -219,6 +221,21 @@ def _is_name(title: str) -> bool:
     return len(parts) == 1 or 1 < len(parts) <= 4 and all(p[:1].isupper() and p.isalpha() for p in parts)
 
 
+_OWNED_TITLE = re.compile(r"^((?:[A-Z]\w*\s){0,3}[A-Z]\w*) (?:for|of|in|on) (?:an?\s|the\s)?((?:[A-Z]\w*\s?){1,3})$")
+
+
+def _title_name(title: Any) -> str | None:
+    """The name a schema title gives its entity: the title itself when it names a thing, or, for a record owned
+    by another (``Actions Secret for an Organization``), the owner's name before its own (``Organization Actions
+    Secret``), which keeps it apart from the same kind of record owned elsewhere; None for other sentences."""
+    if not isinstance(title, str) or not title:
+        return None
+    if _is_name(title):
+        return title
+    owned = _OWNED_TITLE.match(title)
+    return f"{owned[2].strip()} {owned[1]}" if owned else None
+
+
 def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> list[OutputField]:
     """Scalar fields reachable in a result schema.
 
@@ -228,23 +245,23 @@ def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -
     """
     found: dict[tuple[str, ...], OutputField] = {}
     if schema:
-        _collect(schema, schema, prefix, (), frozenset(), found)
+        _collect(schema, schema, prefix, (), False, frozenset(), found)
     return list(found.values())
 
 
-def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str, ...], seen: frozenset[str],
-             found: dict[tuple[str, ...], OutputField]) -> None:
+def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str, ...], named: bool,
+             seen: frozenset[str], found: dict[tuple[str, ...], OutputField]) -> None:
     schema, ref_name, seen = _deref(schema, root, seen)
     if not isinstance(schema, dict) or len(prefix) > MAX_NESTING:
         return
-    title = schema.get("title") if isinstance(schema.get("title"), str) else ref_name
-    if title and _is_name(title):
-        holder = (title, *(h for h in holder if h != title))
+    title = next((n for n in map(_title_name, (schema.get("title"), ref_name)) if n), None)
+    if title:
+        holder, named = (title, *(h for h in holder if h != title)), True
     for key in ("allOf", "oneOf", "anyOf"):
         for branch in schema.get(key) or ():
-            _collect(branch, root, prefix, holder, seen, found)
+            _collect(branch, root, prefix, holder, named, seen, found)
     if schema.get("type") == "array" or "items" in schema:
-        _collect(schema.get("items"), root, prefix + ("*",), holder, seen, found)
+        _collect(schema.get("items"), root, prefix + ("*",), holder, named, seen, found)
     properties = schema.get("properties")
     if not isinstance(properties, dict):
         return
@@ -252,9 +269,9 @@ def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str,
         path = prefix + (name,)
         t = _type_of(sub, root, seen)
         if t:
-            found.setdefault(path, OutputField(path, name, t, holder))
+            found.setdefault(path, OutputField(path, name, t, holder, named))
         elif isinstance(sub, dict):
-            _collect(sub, root, path, (name,), seen, found)
+            _collect(sub, root, path, (name,), False, seen, found)
 
 
 # --- the graph --------------------------------------------------------------------------------------------------
@@ -291,7 +308,7 @@ def holder_entity(name: str) -> tuple[str, ...]:
         return ()  # a container (``items`` of a search result, ``data``), no entity; Asana's ``resource`` is one
     if len(ws) > 1 and ws[0] in VERBS:
         ws = ws[1:]
-    while len(ws) > 1 and ws[-1] in GENERIC_WORDS:
+    while len(ws) > 1 and (ws[-1] in GENERIC_WORDS or ws[-1] in SCHEMA_QUALIFIERS):
         ws.pop()
     while len(ws) > 1 and ws[0] in SCHEMA_QUALIFIERS:
         ws.pop(0)
@@ -466,6 +483,8 @@ class _Index:
     # echoes the call's own input.
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
     resources: dict[str, _Resource] = field(default_factory=dict)
+    # Entities that a GET of one record returns under a schema title of their own (``Package``).
+    records: set[tuple[str, ...]] = field(default_factory=set)
     # One-word entities whose key the catalog's parameters name (``channel`` of ``channel_id``), with that key word.
     noun_keys: dict[str, tuple[str, str]] = field(default_factory=dict)
 
@@ -566,6 +585,7 @@ class ToolGraph:
         g = nx.DiGraph()
         index = _Index()
         index.resources = resources(tools.values())
+        index.records = {r.entity for r in index.resources.values() if r.entity}
         index.noun_keys = noun_keys(tools.values())
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
@@ -669,6 +689,12 @@ def _candidates(
                 entities = [entity]
             elif out.holder:
                 entities = [holder_entity(h) for h in out.holder]
+                if not named:
+                    # a key that is no identifier word (a ``name``) names a record of its schema's kind only, not
+                    # of the role the property plays; and in an inline object named like a record the API
+                    # describes with a schema of its own it labels something else, or the description would have
+                    # used the schema: an advisory's ``package`` (an ecosystem and a name) is no hosted ``Package``
+                    entities = entities[:1] if out.named else [e for e in entities if e not in index.records]
             else:
                 resource = _resource(u) if resource is None else resource
                 entities = [resource]

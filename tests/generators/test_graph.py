@@ -31,6 +31,7 @@ from generators.graph import (
     Coverage,
     OutputField,
     ToolGraph,
+    holder_entity,
     identifier,
     name_similarity,
     normalise,
@@ -797,3 +798,43 @@ def test_a_generic_container_names_no_entity() -> None:
               path="/projects/{project_number}/items/{item_id}"),
     ]
     assert not _bound(ToolGraph.build(tools))
+
+
+def test_a_record_owned_by_another_is_named_by_its_owner() -> None:
+    """A title ``Actions Secret for an Organization`` names an organization's secret: an environment's secret (an
+    ``Actions Secret``) does not feed the organization secret's route, the organization's own list does."""
+    org_secret = {"type": "object", "title": "Actions Secret for an Organization", "properties": {"name": STR}}
+    secret = {"type": "object", "title": "Actions Secret", "properties": {"name": STR}}
+    tools = [
+        _tool("get_org_secret", {"org": STR, "secret_name": STR}, org_secret,
+              path="/orgs/{org}/actions/secrets/{secret_name}"),
+        _tool("list_org_secrets", {"org": STR}, {"type": "object", "properties": {
+            "secrets": {"type": "array", "items": org_secret}}}, path="/orgs/{org}/actions/secrets"),
+        _tool("list_environment_secrets", {"environment_name": STR}, {"type": "object", "properties": {
+            "secrets": {"type": "array", "items": secret}}}, path="/environments/{environment_name}/secrets"),
+        _tool("list_org_secret_repos", {"org": STR, "secret_name": STR}, None,
+              path="/orgs/{org}/actions/secrets/{secret_name}/repositories"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("list_org_secrets", "list_org_secret_repos", "secrets.*.name", "secret_name") in deps
+    assert ("list_environment_secrets", "list_org_secret_repos", "secrets.*.name", "secret_name") not in deps
+    assert holder_entity("Pull Request Minimal") == ("pull", "request")
+
+
+def test_a_name_in_an_inline_object_named_like_a_record_is_not_that_record() -> None:
+    """The API describes a hosted ``Package`` with a schema of its own; an advisory's inline ``package`` (an
+    ecosystem and a name) is another thing, so its name does not feed ``{package_name}``; a listed Package's does."""
+    package = {"type": "object", "title": "Package", "properties": {"id": INT, "name": STR}}
+    advisory = {"type": "array", "items": {"type": "object", "properties": {"vulnerabilities": {
+        "type": "array", "items": {"type": "object", "properties": {"package": {
+            "type": "object", "properties": {"ecosystem": STR, "name": STR}}}}}}}}
+    tools = [
+        _tool("get_package", {"org": STR, "package_name": STR}, package, path="/orgs/{org}/packages/{package_name}"),
+        _tool("delete_package", {"org": STR, "package_name": STR}, None, mutates=True,
+              path="/orgs/{org}/packages/{package_name}"),
+        _tool("list_packages", {"org": STR}, {"type": "array", "items": package}, path="/orgs/{org}/packages"),
+        _tool("list_advisories", {"org": STR}, advisory, path="/orgs/{org}/advisories"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("list_packages", "delete_package", "*.name", "package_name") in deps
+    assert not {d for d in deps if d[0] == "list_advisories"}
