@@ -838,3 +838,55 @@ def test_a_name_in_an_inline_object_named_like_a_record_is_not_that_record() -> 
     deps = _deps(ToolGraph.build(tools))
     assert ("list_packages", "delete_package", "*.name", "package_name") in deps
     assert not {d for d in deps if d[0] == "list_advisories"}
+
+
+def _github_like() -> list[Tool]:
+    user = {"type": "object", "title": "Simple User", "properties": {"login": STR, "id": INT, "name": STR}}
+    repo = {"type": "object", "title": "Repository", "properties": {"id": INT, "name": STR, "owner": user}}
+    codespace = {"type": "object", "title": "Codespace", "properties": {"id": INT, "billable_owner": user}}
+    return [
+        _tool("repos_get", {"owner": STR, "repo": STR}, repo, path="/repos/{owner}/{repo}"),
+        _tool("repos_list_for_org", {"org": STR}, {"type": "array", "items": repo}, path="/orgs/{org}/repos"),
+        _tool("issues_get", {"owner": STR, "repo": STR, "issue_number": INT}, None,
+              path="/repos/{owner}/{repo}/issues/{issue_number}"),
+        _tool("users_get", {"username": STR}, {"type": "object", "title": "Public User", "properties": {
+            "login": STR, "id": INT, "name": STR}}, path="/users/{username}"),
+        _tool("users_get_authenticated", {}, {"type": "object", "title": "Private User", "properties": {
+            "login": STR, "id": INT, "name": STR}}, path="/user"),
+        _tool("repos_list_for_user", {"username": STR}, {"type": "array", "items": repo},
+              path="/users/{username}/repos"),
+        _tool("codespaces_get", {"codespace_name": STR}, codespace, path="/user/codespaces/{codespace_name}"),
+        _tool("gists_get_revision", {"gist_id": STR, "sha": STR}, None, path="/gists/{gist_id}/{sha}"),
+        _tool("gists_list_commits", {"gist_id": STR}, {"type": "array", "items": {"type": "object", "properties": {
+            "version": STR, "sha": STR}}}, path="/gists/{gist_id}/commits"),
+        _tool("pulls_merge", {"owner": STR, "repo": STR, "pull_number": INT}, {"type": "object", "properties": {
+            "sha": STR, "merged": {"type": "boolean"}}}, mutates=True,
+              path="/repos/{owner}/{repo}/pulls/{pull_number}/merge"),
+    ]
+
+
+def test_a_template_named_like_its_record_takes_the_record_s_name_key() -> None:
+    """``{repo}`` after ``/repos`` is a repository's ``name`` and ``{owner}`` the ``login`` of the repository's
+    ``owner`` (what ``GET /repos/{owner}/{repo}`` says); ``{username}`` after ``/users`` is a user's ``login``, not
+    the display ``name``; a codespace's ``billable_owner`` owns no repository."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert ("repos_list_for_org", "repos_get", "*.name", "repo") in deps
+    assert ("repos_list_for_org", "repos_get", "*.owner.login", "owner") in deps
+    assert ("users_get_authenticated", "repos_list_for_user", "login", "username") in deps
+    assert ("users_get_authenticated", "repos_list_for_user", "name", "username") not in deps
+    assert not {d for d in deps if d[0] == "codespaces_get" and d[3] == "owner"}
+
+
+def test_a_record_s_name_keys_feed_its_own_routes_not_every_route_below_it() -> None:
+    """A repository's owner and name feed the repository's routes; an issue's route needs an issue number, which a
+    list under the repository gives with the rest, so a repository alone does not feed it."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert not {d for d in deps if d[0] == "repos_list_for_org" and d[1] == "issues_get"}
+
+
+def test_a_template_right_after_another_is_a_key_within_that_record() -> None:
+    """``{sha}`` of ``/gists/{gist_id}/{sha}`` is a revision of that gist: a gist's commit list feeds it, a merge
+    commit's ``sha`` does not."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert ("gists_list_commits", "gists_get_revision", "*.sha", "sha") in deps
+    assert ("pulls_merge", "gists_get_revision", "sha", "sha") not in deps
