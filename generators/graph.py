@@ -20,7 +20,12 @@ An edge u→v carries one or more *bindings* (output field path of u → paramet
   (``{hook_id}`` under ``/hooks`` is the key of the ``Webhook`` that ``GET /hooks/{hook_id}`` gives); an entity
   named only by a key word (``key_id``) takes no more specific one; a parameter named by a bare entity
   (``channel``, ``workspace``) takes that entity's key where the catalog names it (``channel_id``), same type only.
-  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``).
+  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``), or
+  names an owned record by its owner (``Actions Secret for an Organization``).
+  A route template named like its record (``{repo}`` after ``/repos``, ``{username}`` after ``/users``) or like a
+  property of it (``{owner}``) takes the record's name key, a ``login`` before a display ``name``, on that
+  record's own routes; a name key that is no identifier word counts only in the record's own schema, not in an
+  inline object that merely shares a described record's name (an advisory's ``package``).
 * ``entity``: the environment's foreign keys (a field that references ``users.user_id`` feeds a ``user_id``
   parameter, and a ``user_id`` feeds a parameter named like the referencing column).
 * ``link``: OpenAPI response links carried in the tool's ``origin`` (``$response.body#/id`` → ``petId``).
