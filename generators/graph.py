@@ -481,10 +481,10 @@ def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
         found.setdefault(_template(route, param) or route, _Resource(entity, carrier.name if carrier else None))
         # an earlier template named like a property of the record that holds another record (``{owner}`` of
         # ``/repos/{owner}/{repo}``, whose result's ``owner`` is a user) takes that record's name key
+        held_fields = [f for f in output_fields(tool.returns) if f.named and f.type == "string" and len(f.path) == 2]
         for segment in segments[:-1]:
             earlier = _TEMPLATE.match(segment)
-            inner = [f for f in output_fields(tool.returns) if f.named and f.type == "string" and earlier
-                     and len(f.path) == 2 and normalise(f.path[0]) == normalise(earlier[1])]
+            inner = [f for f in held_fields if earlier and normalise(f.path[0]) == normalise(earlier[1])]
             key = _name_key(inner)
             if key and _template(route, earlier[1]):
                 held.setdefault(_template(route, earlier[1]), _Resource(_entity(words(earlier[1])), key.name, True))
@@ -704,15 +704,10 @@ class ToolGraph:
             for v, path, param in _links(u, tools, by_operation):
                 bind(u.name, v, path, param, "link", LINK)
             names, typed = index.inputs.get(u.name, (set(), set()))
-            for out, kind, score, target, identity in _candidates(u, index, related):
+            for out, kind, score, target, identity in _candidates(u, index, related, typed):
                 # the field gives back what u was called with (every Twilio result's ``account_sid``, a fetch's
                 # own ``sid``): v may take it, but the value was known before u ran, so v does not depend on u
                 echo = normalise(out.name) in names or identity in typed
-                if echo and identity and identity[0] in NAME_KEYS:
-                    # a name the call was given, given back (a repository's owner and name in each of its issues),
-                    # is no chain worth keeping: on an API keyed by names (GitHub's ``{owner}/{repo}`` on 500
-                    # routes) such echoes would be most of the graph
-                    continue
                 bind(u.name, target.tool, out.path, target.name, kind, score, echo)
         for (u, v), edge in found.items():
             g.add_edge(u, v, bindings=list(edge.values()))
@@ -793,10 +788,11 @@ def _identities(out: OutputField, index: _Index, resource: tuple[str, ...] | Non
 
 
 def _candidates(
-    u: Tool, index: _Index, related: dict[str, set[str]]
+    u: Tool, index: _Index, related: dict[str, set[str]], given: set[tuple[str, tuple[str, ...]]] = frozenset()
 ) -> Iterator[tuple[OutputField, str, float, _Param, tuple[str, tuple[str, ...]] | None]]:
     """``(field, kind, score, parameter, identity)`` for every parameter a result field of ``u`` feeds; the
-    identity is the ``(key word, entity)`` the field was matched as, None for an attribute or a foreign key."""
+    identity is the ``(key word, entity)`` the field was matched as, None for an attribute or a foreign key.
+    ``given`` holds the typed keys ``u`` is called with."""
     resource = _resource(u)
     within = "/" + "/".join("{}" if _TEMPLATE.match(s) else s.lower()
                             for s in _route(u).split("?")[0].split("/") if s) + "/"  # template names erased
@@ -815,6 +811,12 @@ def _candidates(
             key = ident[0]
             for entity in dict.fromkeys(e for e in entities if e):
                 if not named and len(out.path) > nearest[key, entity]:
+                    continue
+                if not named and len(out.path) > 1 and key in NAME_KEYS and (key, entity) in given:
+                    # a name the call was given, given back inside another record (a repository's owner and name in
+                    # each of its issues), is no chain worth keeping, unlike the record's own (fetch a repository,
+                    # then act on it): on an API keyed by names (GitHub's ``{owner}/{repo}`` on 500 routes) such
+                    # echoes would be most of the graph
                     continue
                 for p in index.identifiers.get((key, entity[-1]), ()):
                     # a role is taken by that role only (a codespace's ``billable_owner`` owns no repository)

@@ -890,3 +890,15 @@ def test_a_template_right_after_another_is_a_key_within_that_record() -> None:
     deps = _deps(ToolGraph.build(_github_like()))
     assert ("gists_list_commits", "gists_get_revision", "*.sha", "sha") in deps
     assert ("pulls_merge", "gists_get_revision", "sha", "sha") not in deps
+
+
+def test_a_name_given_back_is_a_chain_only_as_the_record_s_own() -> None:
+    """Fetching a repository, then acting on it, may chain along the repository's own ``name`` (an echo, no
+    dependency); its owner's login, given back inside it, is not bound at all."""
+    tools = _github_like() + [_tool("repos_update", {"owner": STR, "repo": STR}, None, mutates=True,
+                                    path="/repos/{owner}/{repo}")]
+    graph = ToolGraph.build(tools)
+    bindings = {(b["path"], b["param"]): b for b in graph.bindings("repos_get", "repos_update")}
+    assert bindings[("name",), "repo"].get("echo")
+    assert (("owner", "login"), "owner") not in bindings
+    assert not {d for d in _deps(graph) if d[:2] == ("repos_get", "repos_update")}
