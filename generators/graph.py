@@ -20,7 +20,12 @@ An edge u→v carries one or more *bindings* (output field path of u → paramet
   (``{hook_id}`` under ``/hooks`` is the key of the ``Webhook`` that ``GET /hooks/{hook_id}`` gives); an entity
   named only by a key word (``key_id``) takes no more specific one; a parameter named by a bare entity
   (``channel``, ``workspace``) takes that entity's key where the catalog names it (``channel_id``), same type only.
-  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``).
+  A schema title names its entity when it is one word or up to four capitalised ones (``Commit Comment``), or
+  names an owned record by its owner (``Actions Secret for an Organization``).
+  A route template named like its record (``{repo}`` after ``/repos``, ``{username}`` after ``/users``) or like a
+  property of it (``{owner}``) takes the record's name key, a ``login`` before a display ``name``, on that
+  record's own routes; a name key that is no identifier word counts only in the record's own schema, not in an
+  inline object that merely shares a described record's name (an advisory's ``package``).
 * ``entity``: the environment's foreign keys (a field that references ``users.user_id`` feeds a ``user_id``
   parameter, and a ``user_id`` feeds a parameter named like the referencing column).
 * ``link``: OpenAPI response links carried in the tool's ``origin`` (``$response.body#/id`` → ``petId``).
@@ -60,12 +65,14 @@ PAGING = frozenset({"limit", "offset", "per_page", "page_size", "page_token", "o
 VERBS = frozenset({"get", "fetch", "list", "show", "find", "read", "retrieve", "search", "query", "create", "add",
                    "insert", "post", "put", "patch", "update", "set", "delete", "remove", "upsert", "replace",
                    "new", "register", "describe", "lookup"})
+# Fields that address a record by its name, best first: a login before a display ``name`` (a GitHub user has both).
+NAME_KEYS = ("login", "username", "handle", "slug", "name")
 # Words that end a schema's name without naming its entity: ``ListPetsResponse`` is about pets.
 GENERIC_WORDS = frozenset({"response", "result", "results", "list", "page", "object", "body", "data", "dto",
                            "schema", "output", "item", "items", "entry", "record", "resource", "instance", "compact"})
-# Words that start a schema's name without naming its entity: ``full-repository`` and ``minimal-repository`` are
-# both repositories, ``nullable-simple-user`` is a user.
-SCHEMA_QUALIFIERS = frozenset({"full", "minimal", "simple", "nullable", "compact", "base"})
+# Words that start or end a schema's name without naming its entity: ``full-repository`` and
+# ``Pull Request Minimal`` are a repository and a pull request, ``nullable-simple-user`` is a user.
+SCHEMA_QUALIFIERS = frozenset({"full", "minimal", "simple", "nullable", "compact", "base", "public", "private"})
 
 CREATE_VERBS = frozenset({"create", "add", "insert", "post", "new", "register"})
 # Scores: the same name; an entity's own id/sid; another name for the same entity; a foreign key; a response link.
@@ -157,12 +164,14 @@ class OutputField:
         type: Its JSON type.
         holder: Names of the object holding the field, best first: its schema ``title`` (or ``$ref`` name), then
             the property that holds it; empty at the top of the result. They say whose ``id`` an ``id`` is.
+        named: Whether the first holder is a schema's name, not only the property that holds an inline object.
     """
 
     path: tuple[str, ...]
     name: str
     type: str
     holder: tuple[str, ...] = field(default=(), compare=False)
+    named: bool = field(default=False, compare=False)
 
 
 def _scalar_type(schema: Any) -> str | None:
@@ -219,6 +228,21 @@ def _is_name(title: str) -> bool:
     return len(parts) == 1 or 1 < len(parts) <= 4 and all(p[:1].isupper() and p.isalpha() for p in parts)
 
 
+_OWNED_TITLE = re.compile(r"^((?:[A-Z]\w*\s){0,3}[A-Z]\w*) (?:for|of|in|on) (?:an?\s|the\s)?((?:[A-Z]\w*\s?){1,3})$")
+
+
+def _title_name(title: Any) -> str | None:
+    """The name a schema title gives its entity: the title itself when it names a thing, or, for a record owned
+    by another (``Actions Secret for an Organization``), the owner's name before its own (``Organization Actions
+    Secret``), which keeps it apart from the same kind of record owned elsewhere; None for other sentences."""
+    if not isinstance(title, str) or not title:
+        return None
+    if _is_name(title):
+        return title
+    owned = _OWNED_TITLE.match(title)
+    return f"{owned[2].strip()} {owned[1]}" if owned else None
+
+
 def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -> list[OutputField]:
     """Scalar fields reachable in a result schema.
 
@@ -228,23 +252,23 @@ def output_fields(schema: dict[str, Any] | None, prefix: tuple[str, ...] = ()) -
     """
     found: dict[tuple[str, ...], OutputField] = {}
     if schema:
-        _collect(schema, schema, prefix, (), frozenset(), found)
+        _collect(schema, schema, prefix, (), False, frozenset(), found)
     return list(found.values())
 
 
-def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str, ...], seen: frozenset[str],
-             found: dict[tuple[str, ...], OutputField]) -> None:
+def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str, ...], named: bool,
+             seen: frozenset[str], found: dict[tuple[str, ...], OutputField]) -> None:
     schema, ref_name, seen = _deref(schema, root, seen)
     if not isinstance(schema, dict) or len(prefix) > MAX_NESTING:
         return
-    title = schema.get("title") if isinstance(schema.get("title"), str) else ref_name
-    if title and _is_name(title):
-        holder = (title, *(h for h in holder if h != title))
+    title = next((n for n in map(_title_name, (schema.get("title"), ref_name)) if n), None)
+    if title:
+        holder, named = (title, *(h for h in holder if h != title)), True
     for key in ("allOf", "oneOf", "anyOf"):
         for branch in schema.get(key) or ():
-            _collect(branch, root, prefix, holder, seen, found)
+            _collect(branch, root, prefix, holder, named, seen, found)
     if schema.get("type") == "array" or "items" in schema:
-        _collect(schema.get("items"), root, prefix + ("*",), holder, seen, found)
+        _collect(schema.get("items"), root, prefix + ("*",), holder, named, seen, found)
     properties = schema.get("properties")
     if not isinstance(properties, dict):
         return
@@ -252,9 +276,9 @@ def _collect(schema: Any, root: Any, prefix: tuple[str, ...], holder: tuple[str,
         path = prefix + (name,)
         t = _type_of(sub, root, seen)
         if t:
-            found.setdefault(path, OutputField(path, name, t, holder))
+            found.setdefault(path, OutputField(path, name, t, holder, named))
         elif isinstance(sub, dict):
-            _collect(sub, root, path, (name,), seen, found)
+            _collect(sub, root, path, (name,), False, seen, found)
 
 
 # --- the graph --------------------------------------------------------------------------------------------------
@@ -291,7 +315,7 @@ def holder_entity(name: str) -> tuple[str, ...]:
         return ()  # a container (``items`` of a search result, ``data``), no entity; Asana's ``resource`` is one
     if len(ws) > 1 and ws[0] in VERBS:
         ws = ws[1:]
-    while len(ws) > 1 and ws[-1] in GENERIC_WORDS:
+    while len(ws) > 1 and (ws[-1] in GENERIC_WORDS or ws[-1] in SCHEMA_QUALIFIERS):
         ws.pop()
     while len(ws) > 1 and ws[0] in SCHEMA_QUALIFIERS:
         ws.pop(0)
@@ -365,6 +389,23 @@ class _Param:
     exact_type: bool = False
     # A body or query argument, not a route's key.
     argument: bool = False
+    # The route of the record a path attribute is a key within (``/gists/{}/`` for ``/gists/{gist_id}/{sha}``):
+    # only results of tools on that route feed it; empty for any.
+    scope: str = ""
+    # Takes a record's name key by the role the record plays in another (``{owner}``: the ``owner`` of a repository),
+    # not any record of that kind.
+    role: bool = False
+
+
+def _scope(route: str, param: str) -> str:
+    """The route of the record a path template is a key within when it follows another template directly and is
+    not named like the collection before that (``{sha}`` of ``/gists/{gist_id}/{sha}``: a revision of that gist,
+    not any commit's sha); empty otherwise."""
+    segments = [s for s in route.split("?")[0].split("/") if s]
+    at = next((i for i, s in enumerate(segments) if _TEMPLATE.match(s) and _TEMPLATE.match(s)[1] == param), None)
+    if not at or not _TEMPLATE.match(segments[at - 1]) or _names_collection(route, param):
+        return ""
+    return (_template(route, _TEMPLATE.match(segments[at - 1])[1]) or "") + "/"
 
 
 def _template(route: str, param: str) -> str | None:
@@ -388,6 +429,7 @@ class _Resource:
 
     entity: tuple[str, ...]
     key_field: str | None
+    role: bool = False  # the entity is the property the record is held under (``owner``), not its schema's
 
 
 def _top_fields(tool: Tool) -> list[OutputField]:
@@ -420,6 +462,7 @@ def _path_key(route: str, spec_name: str) -> tuple[str, tuple[str, ...]] | None:
 def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
     """The routes a GET reads one resource at (``/repos/{}/{}/issues/{}``), with what its result says."""
     found: dict[str, _Resource] = {}
+    held: dict[str, _Resource] = {}
     for tool in tools:
         route, origin = _route(tool), _origin(tool)
         segments = [s for s in route.split("?")[0].split("/") if s]
@@ -430,10 +473,39 @@ def resources(tools: Iterable[Tool]) -> dict[str, _Resource]:
         top = _top_fields(tool)
         names = {normalise(f.name): f for f in top}
         carrier = names.get(normalise(param)) or (names.get(typed[0]) if typed else None)
+        if typed and typed[0] == "name" or typed is None and _names_collection(route, param):
+            # ``{username}``, ``{repo}`` under ``/repos``, ``{branch}`` under ``/branches``: the record's name key
+            carrier = _name_key(top) or carrier
         titles = [h for f in top for h in f.holder[:1]]
         entity = holder_entity(titles[0]) if titles else ()
         found.setdefault(_template(route, param) or route, _Resource(entity, carrier.name if carrier else None))
+        # an earlier template named like a property of the record that holds another record (``{owner}`` of
+        # ``/repos/{owner}/{repo}``, whose result's ``owner`` is a user) takes that record's name key
+        held_fields = [f for f in output_fields(tool.returns) if f.named and f.type == "string" and len(f.path) == 2]
+        for segment in segments[:-1]:
+            earlier = _TEMPLATE.match(segment)
+            inner = [f for f in held_fields if earlier and normalise(f.path[0]) == normalise(earlier[1])]
+            key = _name_key(inner)
+            if key and _template(route, earlier[1]):
+                held.setdefault(_template(route, earlier[1]), _Resource(_entity(words(earlier[1])), key.name, True))
+    for address, res in held.items():
+        found.setdefault(address, res)
     return found
+
+
+def _name_key(fields: list[OutputField]) -> OutputField | None:
+    """The string field that addresses a record by name, a login before a display name."""
+    by_name = {normalise(f.name): f for f in fields if f.type == "string"}
+    return next((by_name[k] for k in NAME_KEYS if k in by_name), None)
+
+
+def _names_collection(route: str, param: str) -> bool:
+    """Whether a template is named like the collection it follows, alone or with a name word: ``{repo}`` after
+    ``/repos``, ``{username}`` after ``/users``."""
+    collection = "".join(path_resource(route, before=param))
+    name = "".join(_entity(words(param)))
+    return bool(collection) and (name == collection or name.startswith(collection)
+                                 and name[len(collection):] in NAME_KEYS)
 
 
 def noun_keys(tools: Iterable[Tool]) -> dict[str, tuple[str, str]]:
@@ -466,26 +538,52 @@ class _Index:
     # echoes the call's own input.
     inputs: dict[str, tuple[set[str], set[tuple[str, tuple[str, ...]]]]] = field(default_factory=dict)
     resources: dict[str, _Resource] = field(default_factory=dict)
+    # Entities that a GET of one record returns under a schema title of their own (``Package``).
+    records: set[tuple[str, ...]] = field(default_factory=set)
     # One-word entities whose key the catalog's parameters name (``channel`` of ``channel_id``), with that key word.
     noun_keys: dict[str, tuple[str, str]] = field(default_factory=dict)
 
-    def _typed_path_params(self, tool: Tool, spec_name: str) -> list[tuple[str, tuple[str, ...]]]:
+    def _typed_path_params(self, tool: Tool, spec_name: str) -> list[tuple[str, tuple[str, ...], bool]]:
         """The template's ``(key word, entity)``, then the entity its resource's GET names where that differs and
         the GET's result carries the key under the template's key word: ``{hook_id}`` under ``/hooks`` is the id
         of what ``GET /hooks/{hook_id}`` returns, a ``webhook``."""
         route = _route(tool)
         typed = _path_key(route, spec_name)
+        res = self.resources.get(_template(route, spec_name) or "")
+        name_key = normalise(res.key_field) if res and res.key_field and normalise(res.key_field) in NAME_KEYS \
+            else None
         if typed is None:
-            return []
+            # a template named like its collection (``{repo}``) or like a property of the record it addresses
+            # (``{owner}``) is that record's name key, where a GET says which field that is
+            if not (name_key and res.entity):
+                return []
+            collection = path_resource(route, before=spec_name)
+            named = _names_collection(route, spec_name) and collection != res.entity
+            return [(name_key, res.entity, res.role), *([(name_key, collection, False)] if named else [])]
         key, entity = typed
         if not entity:
             return []
-        res = self.resources.get(_template(route, spec_name) or "")
+        if key == "name" and name_key:
+            key = name_key  # ``{username}`` is a user's ``login`` where the user's GET carries one
         if res and res.entity and len(res.entity) > len(entity) and res.entity[-len(entity):] == entity:
-            return [(key, res.entity)]
+            return [(key, res.entity, False)]
         if res and res.entity and res.entity[-1] != entity[-1] and res.key_field and normalise(res.key_field) == key:
-            return [(key, entity), (key, res.entity)]
-        return [(key, entity)]
+            return [(key, entity, False), (key, res.entity, False)]
+        return [(key, entity, False)]
+
+    def _inner(self, tool: Tool, spec_name: str) -> bool:
+        """Whether no template after ``spec_name`` in the tool's route takes a key other than a record's name.
+
+        A record's name keys (a repository's owner and name) feed the routes of that record and of its
+        collections, not every route below it: ``/repos/{owner}/{repo}/issues/{issue_number}`` needs an issue's
+        number, which a list under the repository gives together with the rest; on an API keyed by names (GitHub's
+        ``{owner}/{repo}`` on 500 routes) every repository would otherwise feed every one of them."""
+        route = _route(tool)
+        segments = [_TEMPLATE.match(s) for s in route.split("?")[0].split("/") if s]
+        names = [m[1] for m in segments if m]
+        later = names[names.index(spec_name) + 1:] if spec_name in names else []
+        return all(typed and all(key in NAME_KEYS for key, _, _ in typed)
+                   for typed in (self._typed_path_params(tool, t) for t in later))
 
     def add(self, tool: Tool) -> None:
         schema = tool.parameters or {}
@@ -509,13 +607,20 @@ class _Index:
             typed = all_typed[0] if all_typed else None
             ident = identifier(spec_name)
             if typed:
-                for key, entity in all_typed:
+                inner = self._inner(tool, spec_name)
+                if typed[0] in NAME_KEYS and typed[0] not in words(spec_name) and plain_attribute(spec_name, ptype):
+                    # a field of the template's own name (a codespace's ``branch``) still says what it is
+                    self.attributes[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
+                for key, entity, role in all_typed:
                     self.kinds.add(entity)
                     if key not in KEY_WORDS:
                         self.path_keys.add(key)
-                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True))
                     if given:
                         typed_inputs.add((key, entity))
+                    if key in NAME_KEYS and key not in words(spec_name) and not inner:
+                        continue  # a record's name, not spelt by the template (``{repo}``, not ``{team_slug}``)
+                    self.identifiers[key, entity[-1]].append(_Param(tool.name, pname, ptype, entity, strict=True,
+                                                                    role=role))
             elif ident:
                 key, entity = ident
                 entity = entity or _param_entity(tool, pname)
@@ -541,7 +646,8 @@ class _Index:
                 # value from a closed list is a choice too; a read's (a lookup by email, a filter by date) can
                 # come from an earlier result. Behind an HTTP route, only the path names a record
                 # (``/repositories/{username}/{slug}``): its query arguments are filters the user picks.
-                self.attributes[normalise(spec_name)].append(_Param(tool.name, pname, ptype))
+                scope = _scope(_route(tool), spec_name) if in_path else ""
+                self.attributes[normalise(spec_name)].append(_Param(tool.name, pname, ptype, scope=scope))
 
 
 @dataclass
@@ -566,6 +672,7 @@ class ToolGraph:
         g = nx.DiGraph()
         index = _Index()
         index.resources = resources(tools.values())
+        index.records = {r.entity for r in index.resources.values() if r.entity}
         index.noun_keys = noun_keys(tools.values())
         for t in tools.values():
             g.add_node(t.name, mutates=bool(t.mutates))
@@ -597,7 +704,7 @@ class ToolGraph:
             for v, path, param in _links(u, tools, by_operation):
                 bind(u.name, v, path, param, "link", LINK)
             names, typed = index.inputs.get(u.name, (set(), set()))
-            for out, kind, score, target, identity in _candidates(u, index, related):
+            for out, kind, score, target, identity in _candidates(u, index, related, typed):
                 # the field gives back what u was called with (every Twilio result's ``account_sid``, a fetch's
                 # own ``sid``): v may take it, but the value was known before u ran, so v does not depend on u
                 echo = normalise(out.name) in names or identity in typed
@@ -652,28 +759,69 @@ class ToolGraph:
         return best
 
 
+def _identities(out: OutputField, index: _Index, resource: tuple[str, ...] | None, u: Tool
+                ) -> tuple[tuple[str, tuple[str, ...]] | None, list[tuple[str, ...]], set[tuple[str, ...]]]:
+    """How a result field may key a record: its ``(key word, entity)`` as named (None when it keys nothing), the
+    entities it may be the key of, and those of them it keys by its holder's role only."""
+    norm = normalise(out.name)
+    named = identifier(out.name)
+    # a key of a path template that is no identifier word (an issue's ``number``) is the key of what holds it
+    ident = named or ((norm, ()) if norm in index.path_keys else None)
+    if not ident:
+        return None, [], set()
+    roles: set[tuple[str, ...]] = set()
+    if ident[1]:
+        return ident, [ident[1]], roles
+    if not out.holder:
+        return ident, [resource if resource is not None else _resource(u)], roles
+    entities = [holder_entity(h) for h in out.holder]
+    if not named:
+        # a key that is no identifier word (a ``name``, a ``login``) names a record of its schema's kind, and of
+        # the role its property plays only for a route keyed by that role (``{owner}``); in an inline object named
+        # like a record the API describes with a schema of its own it labels something else, or the description
+        # would have used the schema: an advisory's ``package`` (an ecosystem and a name) is no hosted ``Package``
+        if out.named:
+            roles = set(entities[1:]) - {entities[0]}
+        else:
+            entities = [e for e in entities if e not in index.records]
+    return ident, entities, roles
+
+
 def _candidates(
-    u: Tool, index: _Index, related: dict[str, set[str]]
+    u: Tool, index: _Index, related: dict[str, set[str]], given: set[tuple[str, tuple[str, ...]]] = frozenset()
 ) -> Iterator[tuple[OutputField, str, float, _Param, tuple[str, tuple[str, ...]] | None]]:
     """``(field, kind, score, parameter, identity)`` for every parameter a result field of ``u`` feeds; the
-    identity is the ``(key word, entity)`` the field was matched as, None for an attribute or a foreign key."""
-    resource = None
-    for out in output_fields(u.returns):
+    identity is the ``(key word, entity)`` the field was matched as, None for an attribute or a foreign key.
+    ``given`` holds the typed keys ``u`` is called with."""
+    resource = _resource(u)
+    within = "/" + "/".join("{}" if _TEMPLATE.match(s) else s.lower()
+                            for s in _route(u).split("?")[0].split("/") if s) + "/"  # template names erased
+    fields = [(out, *_identities(out, index, resource, u)) for out in output_fields(u.returns)]
+    # A result that holds several records of one kind (a repository's, its template's, its parent's) gives a name
+    # key from the one nearest its top: the others' names are there to describe, and every copy would be a binding.
+    nearest: dict[tuple[str, tuple[str, ...]], int] = {}
+    for out, ident, entities, _ in fields:
+        if ident and not identifier(out.name):
+            for e in entities:
+                nearest[ident[0], e] = min(nearest.get((ident[0], e), MAX_NESTING + 1), len(out.path))
+    for out, ident, entities, roles in fields:
         norm = normalise(out.name)
         named = identifier(out.name)
-        # a key of a path template that is no identifier word (an issue's ``number``) is the key of what holds it
-        ident = named or ((norm, ()) if norm in index.path_keys else None)
         if ident:
-            key, entity = ident
-            if entity:
-                entities = [entity]
-            elif out.holder:
-                entities = [holder_entity(h) for h in out.holder]
-            else:
-                resource = _resource(u) if resource is None else resource
-                entities = [resource]
+            key = ident[0]
             for entity in dict.fromkeys(e for e in entities if e):
+                if not named and len(out.path) > nearest[key, entity]:
+                    continue
+                if not named and len(out.path) > 1 and key in NAME_KEYS and (key, entity) in given:
+                    # a name the call was given, given back inside another record (a repository's owner and name in
+                    # each of its issues), is no chain worth keeping, unlike the record's own (fetch a repository,
+                    # then act on it): on an API keyed by names (GitHub's ``{owner}/{repo}`` on 500 routes) such
+                    # echoes would be most of the graph
+                    continue
                 for p in index.identifiers.get((key, entity[-1]), ()):
+                    # a role is taken by that role only (a codespace's ``billable_owner`` owns no repository)
+                    if (entity in roles or p.role) and not (entity in roles and p.role and entity == p.entity):
+                        continue
                     # an entity named by a key word (``key_id``: a GPG key, an SSH key, a public key?) says too
                     # little to take a more specific one: only the same entity feeds it
                     # and a body or query argument takes no more specific entity that has routes of its own: a
@@ -687,7 +835,7 @@ def _candidates(
                         yield out, "name", score, p, (key, entity)
         if not named and plain_attribute(out.name, out.type):
             for p in index.attributes.get(norm, ()):
-                if _types_compatible(out.type, p.type):
+                if _types_compatible(out.type, p.type) and (not p.scope or within.startswith(p.scope)):
                     yield out, "name", SAME_NAME, p, None
         for other in related.get(norm, ()):
             for p in index.names.get(other, ()):

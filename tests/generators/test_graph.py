@@ -31,6 +31,7 @@ from generators.graph import (
     Coverage,
     OutputField,
     ToolGraph,
+    holder_entity,
     identifier,
     name_similarity,
     normalise,
@@ -797,3 +798,107 @@ def test_a_generic_container_names_no_entity() -> None:
               path="/projects/{project_number}/items/{item_id}"),
     ]
     assert not _bound(ToolGraph.build(tools))
+
+
+def test_a_record_owned_by_another_is_named_by_its_owner() -> None:
+    """A title ``Actions Secret for an Organization`` names an organization's secret: an environment's secret (an
+    ``Actions Secret``) does not feed the organization secret's route, the organization's own list does."""
+    org_secret = {"type": "object", "title": "Actions Secret for an Organization", "properties": {"name": STR}}
+    secret = {"type": "object", "title": "Actions Secret", "properties": {"name": STR}}
+    tools = [
+        _tool("get_org_secret", {"org": STR, "secret_name": STR}, org_secret,
+              path="/orgs/{org}/actions/secrets/{secret_name}"),
+        _tool("list_org_secrets", {"org": STR}, {"type": "object", "properties": {
+            "secrets": {"type": "array", "items": org_secret}}}, path="/orgs/{org}/actions/secrets"),
+        _tool("list_environment_secrets", {"environment_name": STR}, {"type": "object", "properties": {
+            "secrets": {"type": "array", "items": secret}}}, path="/environments/{environment_name}/secrets"),
+        _tool("list_org_secret_repos", {"org": STR, "secret_name": STR}, None,
+              path="/orgs/{org}/actions/secrets/{secret_name}/repositories"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("list_org_secrets", "list_org_secret_repos", "secrets.*.name", "secret_name") in deps
+    assert ("list_environment_secrets", "list_org_secret_repos", "secrets.*.name", "secret_name") not in deps
+    assert holder_entity("Pull Request Minimal") == ("pull", "request")
+
+
+def test_a_name_in_an_inline_object_named_like_a_record_is_not_that_record() -> None:
+    """The API describes a hosted ``Package`` with a schema of its own; an advisory's inline ``package`` (an
+    ecosystem and a name) is another thing, so its name does not feed ``{package_name}``; a listed Package's does."""
+    package = {"type": "object", "title": "Package", "properties": {"id": INT, "name": STR}}
+    advisory = {"type": "array", "items": {"type": "object", "properties": {"vulnerabilities": {
+        "type": "array", "items": {"type": "object", "properties": {"package": {
+            "type": "object", "properties": {"ecosystem": STR, "name": STR}}}}}}}}
+    tools = [
+        _tool("get_package", {"org": STR, "package_name": STR}, package, path="/orgs/{org}/packages/{package_name}"),
+        _tool("delete_package", {"org": STR, "package_name": STR}, None, mutates=True,
+              path="/orgs/{org}/packages/{package_name}"),
+        _tool("list_packages", {"org": STR}, {"type": "array", "items": package}, path="/orgs/{org}/packages"),
+        _tool("list_advisories", {"org": STR}, advisory, path="/orgs/{org}/advisories"),
+    ]
+    deps = _deps(ToolGraph.build(tools))
+    assert ("list_packages", "delete_package", "*.name", "package_name") in deps
+    assert not {d for d in deps if d[0] == "list_advisories"}
+
+
+def _github_like() -> list[Tool]:
+    user = {"type": "object", "title": "Simple User", "properties": {"login": STR, "id": INT, "name": STR}}
+    repo = {"type": "object", "title": "Repository", "properties": {"id": INT, "name": STR, "owner": user}}
+    codespace = {"type": "object", "title": "Codespace", "properties": {"id": INT, "billable_owner": user}}
+    return [
+        _tool("repos_get", {"owner": STR, "repo": STR}, repo, path="/repos/{owner}/{repo}"),
+        _tool("repos_list_for_org", {"org": STR}, {"type": "array", "items": repo}, path="/orgs/{org}/repos"),
+        _tool("issues_get", {"owner": STR, "repo": STR, "issue_number": INT}, None,
+              path="/repos/{owner}/{repo}/issues/{issue_number}"),
+        _tool("users_get", {"username": STR}, {"type": "object", "title": "Public User", "properties": {
+            "login": STR, "id": INT, "name": STR}}, path="/users/{username}"),
+        _tool("users_get_authenticated", {}, {"type": "object", "title": "Private User", "properties": {
+            "login": STR, "id": INT, "name": STR}}, path="/user"),
+        _tool("repos_list_for_user", {"username": STR}, {"type": "array", "items": repo},
+              path="/users/{username}/repos"),
+        _tool("codespaces_get", {"codespace_name": STR}, codespace, path="/user/codespaces/{codespace_name}"),
+        _tool("gists_get_revision", {"gist_id": STR, "sha": STR}, None, path="/gists/{gist_id}/{sha}"),
+        _tool("gists_list_commits", {"gist_id": STR}, {"type": "array", "items": {"type": "object", "properties": {
+            "version": STR, "sha": STR}}}, path="/gists/{gist_id}/commits"),
+        _tool("pulls_merge", {"owner": STR, "repo": STR, "pull_number": INT}, {"type": "object", "properties": {
+            "sha": STR, "merged": {"type": "boolean"}}}, mutates=True,
+              path="/repos/{owner}/{repo}/pulls/{pull_number}/merge"),
+    ]
+
+
+def test_a_template_named_like_its_record_takes_the_record_s_name_key() -> None:
+    """``{repo}`` after ``/repos`` is a repository's ``name`` and ``{owner}`` the ``login`` of the repository's
+    ``owner`` (what ``GET /repos/{owner}/{repo}`` says); ``{username}`` after ``/users`` is a user's ``login``, not
+    the display ``name``; a codespace's ``billable_owner`` owns no repository."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert ("repos_list_for_org", "repos_get", "*.name", "repo") in deps
+    assert ("repos_list_for_org", "repos_get", "*.owner.login", "owner") in deps
+    assert ("users_get_authenticated", "repos_list_for_user", "login", "username") in deps
+    assert ("users_get_authenticated", "repos_list_for_user", "name", "username") not in deps
+    assert not {d for d in deps if d[0] == "codespaces_get" and d[3] == "owner"}
+
+
+def test_a_record_s_name_keys_feed_its_own_routes_not_every_route_below_it() -> None:
+    """A repository's owner and name feed the repository's routes; an issue's route needs an issue number, which a
+    list under the repository gives with the rest, so a repository alone does not feed it."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert not {d for d in deps if d[0] == "repos_list_for_org" and d[1] == "issues_get"}
+
+
+def test_a_template_right_after_another_is_a_key_within_that_record() -> None:
+    """``{sha}`` of ``/gists/{gist_id}/{sha}`` is a revision of that gist: a gist's commit list feeds it, a merge
+    commit's ``sha`` does not."""
+    deps = _deps(ToolGraph.build(_github_like()))
+    assert ("gists_list_commits", "gists_get_revision", "*.sha", "sha") in deps
+    assert ("pulls_merge", "gists_get_revision", "sha", "sha") not in deps
+
+
+def test_a_name_given_back_is_a_chain_only_as_the_record_s_own() -> None:
+    """Fetching a repository, then acting on it, may chain along the repository's own ``name`` (an echo, no
+    dependency); its owner's login, given back inside it, is not bound at all."""
+    tools = _github_like() + [_tool("repos_update", {"owner": STR, "repo": STR}, None, mutates=True,
+                                    path="/repos/{owner}/{repo}")]
+    graph = ToolGraph.build(tools)
+    bindings = {(b["path"], b["param"]): b for b in graph.bindings("repos_get", "repos_update")}
+    assert bindings[("name",), "repo"].get("echo")
+    assert (("owner", "login"), "owner") not in bindings
+    assert not {d for d in _deps(graph) if d[:2] == ("repos_get", "repos_update")}
