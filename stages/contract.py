@@ -99,7 +99,7 @@ class Stage(ABC):
     log_prints: ClassVar[bool] = True
     """Whether the flow run log captures what a job prints."""
     reads: ClassVar[tuple[str, ...]] = ()
-    """The corpus tables and views the stage reads (its inputs; ``tests/stages/test_tables.py`` checks them)."""
+    """The corpus tables and views the stage reads (its inputs; ``tests/stages/test_stage_tables.py`` checks them)."""
     writes: ClassVar[tuple[str, ...]] = ()
     """The tables the stage writes rows to; ``execute`` refuses a job's rows for any other table."""
 

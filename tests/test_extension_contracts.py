@@ -21,7 +21,7 @@ Specified here:
 * stages: every stage of the registry (``flows.registry.STAGES``) has a flow ``flows.<name>.<name>`` taking its
   config model, a CLI command, a deployment, and a ``Stage`` class declaring its config and the tables it writes;
   the lists of the layers below (``STAGE_ORDER``, the viewer's ``STAGE_PLOTS``) equal it; repair can redo a run
-  of it (what each stage reads and writes is checked by ``tests/stages/test_tables.py``);
+  of it (what each stage reads and writes is checked by ``tests/stages/test_stage_tables.py``);
 * exports: ``export``'s formats are the registry's (``flows.registry.EXPORTS``): ``trl``, ``verl`` and exactly the
   named selections, each writer taking the options it is given;
 * failure labels: the ``Weakness`` literal and ``WEAKNESSES`` agree;

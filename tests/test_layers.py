@@ -107,3 +107,12 @@ def test_no_import_cycle_between_our_modules():
     finally:
         for path in planted:
             path.unlink(missing_ok=True)
+
+
+def test_no_two_test_modules_share_a_name():
+    """The test folders are not packages, so pytest imports each test module by its file name: two files of one
+    name stop the whole suite at collection (it happened twice when branches met)."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
