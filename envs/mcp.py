@@ -72,7 +72,7 @@ from typing import Any
 
 import jsonschema
 
-from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
+from envs.base import BaseEnvironment, ToolSpec
 from sandbox.boundary import (
     SERVER,
     SERVER_ON_LOOPBACK,
@@ -1189,7 +1189,7 @@ class _Holder:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-class MCPEnvironment:
+class MCPEnvironment(BaseEnvironment):
     """One instance of an MCP server: its process, inside the sandbox, on its own working copy of the state.
 
     Implements ``envs.base.ToolEnvironment``. Use it as a context manager, or call :meth:`close`; an instance that
@@ -1215,7 +1215,6 @@ class MCPEnvironment:
         if isinstance(initial, _DamagedSnapshot):  # the copy of a damaged environment is damaged too
             self._refuse(initial.damage, count=False)
         self.domain_cls = source.domain
-        self._validators = {n: argument_validator(s.record.parameters) for n, s in self.specs.items()}
         self._integer_params = {
             n: {p: isinstance(ps, dict) and ps.get("type") in ("integer", ["integer", "null"])
                 for p, ps in s.record.parameters["properties"].items()}
@@ -1238,12 +1237,6 @@ class MCPEnvironment:
         self._holder.server = _Server(self.source.command, self.source.spec(self.workdir), self.source.start_timeout)
         self._state = None
 
-    def __enter__(self) -> MCPEnvironment:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
     def close(self) -> None:
         """Kills the server and removes the working copy; idempotent."""
         self._finalizer()
@@ -1253,10 +1246,6 @@ class MCPEnvironment:
         with tempfile.TemporaryDirectory(prefix="synthloop-mcp-hash-") as tmp:
             _unpack(self.initial, tmp)
             return _hash(_folder_state(tmp).rows)
-
-    def fork(self) -> MCPEnvironment:
-        """A new server process on a fresh copy of this environment's *initial* working folder."""
-        return MCPEnvironment(self.source, self.initial, self.seed)
 
     def at(self, snapshot: bytes) -> MCPEnvironment:
         """A new server process whose initial working folder is ``snapshot``; this one is left as it is."""
@@ -1326,28 +1315,18 @@ class MCPEnvironment:
     def row_counts(self) -> dict[str, int]:
         return {t: len(r) for t, r in self._current().rows.items()}
 
-    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
-        return diff_states(before, self.rows() if after is None else after, self._current().keys)
+    def primary_keys(self) -> dict[str, list[str]]:
+        return self._current().keys
 
     def foreign_keys(self) -> list[tuple[str, str]]:
         return list(self._current().foreign_keys)
 
     # execution -----------------------------------------------------------------------------------------------
-    def call(self, call: Any) -> tuple[Any, str | None]:
-        name, args, problem = parse_call(call)
-        return (None, problem) if problem else self.execute(name, args)
-
-    def check_arguments(self, name: str, arguments: Any) -> str | None:
-        return argument_problem(name, arguments, self._validators)
-
-    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
+    def run_call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
         """One ``tools/call``: ``(result, None)`` or ``(None, message)``; never raises for a bad call or a bad server.
 
         A server that crashed, hung or spoke malformed JSON is restarted by the next call, on the same working copy.
         """
-        problem = self.check_arguments(name, arguments)
-        if problem is not None:
-            return None, problem
         if self._damage is not None:
             return None, self._damage
         arguments = {k: int(v) if isinstance(v, float) and v.is_integer() and self._integer_params[name].get(k) else v
@@ -1459,9 +1438,6 @@ class MCPEnvironment:
         if rooted:
             out.append(WORKDIR)
         return out[:500]
-
-    def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
-        return []
 
     def _composites(self, tool: str, param: str, schema: dict[str, Any]) -> list[Any]:
         """Values of an array or object parameter (``entities: [{name, entityType, observations: [str]}]``), built
