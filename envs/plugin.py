@@ -64,6 +64,8 @@ from schemas import Tool
 
 REPO = Path(__file__).resolve().parents[1]
 _WORKER = Path(__file__).with_name("plugin_worker.py")
+WORKER_LOOP = Path(__file__).with_name("worker_loop.py")
+"""The request loop both workers run; each is given a copy beside it."""
 _REF = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<qualname>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 _RESERVED_TOP = ("envs", "schemas")  # the worker provides these itself
 _DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -236,7 +238,7 @@ def _worker_runtime() -> _Runtime:
     used_sites: dict[str, None] = {}
     for f in found["files"]:
         real = os.path.realpath(f)
-        if real.startswith(stdlib + "/") or real == str(_WORKER):
+        if real.startswith(stdlib + "/") or real in (str(_WORKER), str(WORKER_LOOP)):
             continue
         site = max((s for s in sites if real.startswith(s + "/")), key=len, default=None)
         if site is not None:  # a library: its whole top-level package (data files too), nothing else of the folder
@@ -407,7 +409,8 @@ class PluginSource:
                   "qualname": self.location.qualname}
         return Spec(argv=(f"{INPUT}/plugin_worker.py", f"{INPUT}/plugin.json", f"synthloop-plugin={self.ref}"),
                     mode="python", policy=ONE_SHOT, limits=self.limits.kernel(), read_only=read_only,
-                    files=(("plugin_worker.py", _WORKER.read_bytes()), ("plugin.json", json.dumps(config).encode())))
+                    files=(("plugin_worker.py", _WORKER.read_bytes()), ("worker_loop.py", WORKER_LOOP.read_bytes()),
+                           ("plugin.json", json.dumps(config).encode())))
 
     def _start(self) -> None:
         found = availability()
