@@ -200,6 +200,15 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary), args
 
 
+def recorded_module(module: str) -> str:
+    """The module name a tool record gives for code in ``module``.
+
+    The built-in domains were modules ``envs.<name>`` until they moved into the ``envs.domains`` package; their
+    records keep the old name, so a corpus's ``tools`` rows do not change with where the files sit.
+    """
+    return "envs." + module.removeprefix("envs.domains.") if module.startswith("envs.domains.") else module
+
+
 def tool_record(fn: Callable, domain: str, owner: str) -> ToolSpec:
     """Build the normalised Tool record of a decorated method from its signature and docstring."""
     meta = getattr(fn, _TOOL_ATTR)
@@ -230,7 +239,7 @@ def tool_record(fn: Callable, domain: str, owner: str) -> ToolSpec:
         domain=domain,
         returns=returns,
         source=f"env:{domain}",
-        implementation=f"{fn.__module__}:{owner}.{fn.__name__}",
+        implementation=f"{recorded_module(fn.__module__)}:{owner}.{fn.__name__}",
         mutates=meta["mutates"],
     )
     return ToolSpec(record=record, method=fn.__name__, phrase=meta["phrase"], answer=meta["answer"])
