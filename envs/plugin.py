@@ -1,6 +1,6 @@
 """A user's own domain as an environment, run behind the sandbox boundary and never in this process.
 
-A user writes a domain exactly like ``envs/retail.py`` (a :class:`~envs.base.Domain` subclass) in their own
+A user writes a domain exactly like ``envs/domains/retail.py`` (a :class:`~envs.base.Domain` subclass) in their own
 package and names it ``package.module:Class`` (or through an entry point, see ``envs.registry``). Its code
 is untrusted: :class:`PluginSource` runs it in one sandboxed worker process (``envs/plugin_worker.py``,
 bubblewrap + seccomp + rlimits, see ``sandbox``), started on first use and shared by every environment of
