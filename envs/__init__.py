@@ -2,6 +2,7 @@
 descriptions, and the sandboxed ones of users' plugins and MCP servers."""
 
 from envs.base import (
+    BaseEnvironment,
     Domain,
     Environment,
     ToolEnvironment,
@@ -16,6 +17,6 @@ from envs.openapi import OpenAPIDomainError, OpenAPIReport, domain_from_tools
 from envs.registry import DOMAINS, get_domain
 
 __all__ = [
-    "DOMAINS", "Domain", "Environment", "OpenAPIDomainError", "OpenAPIReport", "ToolEnvironment", "ToolError", "ToolSpec",
+    "DOMAINS", "BaseEnvironment", "Domain", "Environment", "OpenAPIDomainError", "OpenAPIReport", "ToolEnvironment", "ToolError", "ToolSpec",
     "diff_states", "domain_from_tools", "get_domain", "observation", "parse_call", "tool",
 ]

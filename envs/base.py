@@ -200,6 +200,15 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     return " ".join(summary), args
 
 
+def recorded_module(module: str) -> str:
+    """The module name a tool record gives for code in ``module``.
+
+    The built-in domains were modules ``envs.<name>`` until they moved into the ``envs.domains`` package; their
+    records keep the old name, so a corpus's ``tools`` rows do not change with where the files sit.
+    """
+    return "envs." + module.removeprefix("envs.domains.") if module.startswith("envs.domains.") else module
+
+
 def tool_record(fn: Callable, domain: str, owner: str) -> ToolSpec:
     """Build the normalised Tool record of a decorated method from its signature and docstring."""
     meta = getattr(fn, _TOOL_ATTR)
@@ -230,7 +239,7 @@ def tool_record(fn: Callable, domain: str, owner: str) -> ToolSpec:
         domain=domain,
         returns=returns,
         source=f"env:{domain}",
-        implementation=f"{fn.__module__}:{owner}.{fn.__name__}",
+        implementation=f"{recorded_module(fn.__module__)}:{owner}.{fn.__name__}",
         mutates=meta["mutates"],
     )
     return ToolSpec(record=record, method=fn.__name__, phrase=meta["phrase"], answer=meta["answer"])
@@ -332,7 +341,8 @@ class ToolEnvironment(Protocol):
     curation and training never ask where an environment came from.
 
     State is always presented as ``rows()``: table → primary-key string → row, with :meth:`diff` and
-    :meth:`state_hash` computed from it, so a state diff means the same for every source.
+    :meth:`state_hash` computed from it, so a state diff means the same for every source. Implementations
+    subclass :class:`BaseEnvironment`, which derives most of this surface from a few primitives.
     """
 
     domain_cls: Any  # ``.name`` and ``.description`` of the environment's domain (agents and tasks name it)
@@ -359,6 +369,114 @@ class ToolEnvironment(Protocol):
     def candidate_rows(self, tool: str) -> list[dict[str, Any]]: ...
 
 
+class BaseEnvironment(abc.ABC):
+    """The one implementation of what every :class:`ToolEnvironment` shares; a source supplies the primitives.
+
+    A subclass sets ``domain_cls``, ``seed`` and ``specs`` and implements the abstract methods: its life
+    (:meth:`at`, :meth:`close`, :meth:`snapshot`, :meth:`restore`), its state (:meth:`rows`,
+    :meth:`primary_keys`, :meth:`state_hash`, :meth:`foreign_keys`, :meth:`candidates`) and :meth:`run_call`, which
+    executes one call already known to name a tool and fit its schema. Parsing a call, validating its arguments
+    (one wording for every source), diffs and the rest are done here once. :meth:`fork` starts a copy at the
+    instance's ``initial`` snapshot; a source that keeps its initial state elsewhere overrides it.
+    """
+
+    domain_cls: Any
+    seed: int
+    specs: dict[str, ToolSpec]
+    initial: bytes
+
+    # primitives ------------------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def at(self, snapshot: bytes) -> BaseEnvironment:
+        """A fresh environment whose initial state is ``snapshot`` (of this one); this one is left as it is."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release what the environment holds (a database, a process, a folder)."""
+
+    @abc.abstractmethod
+    def snapshot(self) -> bytes: ...
+
+    @abc.abstractmethod
+    def restore(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    def rows(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """The whole state: table → primary-key string → row."""
+
+    @abc.abstractmethod
+    def primary_keys(self) -> dict[str, list[str]]:
+        """Each table's key columns: a diff recognises generated keys (``<new TABLE #i>``) by them."""
+
+    @abc.abstractmethod
+    def state_hash(self) -> str:
+        """Canonical hash of the state: independent of row order and of how the state was reached."""
+
+    @abc.abstractmethod
+    def foreign_keys(self) -> list[tuple[str, str]]: ...
+
+    @abc.abstractmethod
+    def candidates(self, param: str, tool: str | None = None) -> list[Any]: ...
+
+    @abc.abstractmethod
+    def run_call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
+        """Execute a call that names a known tool with arguments that fit its schema: ``(result, None)`` or
+        ``(None, error)``."""
+
+    # derived ---------------------------------------------------------------------------------------------------
+    @cached_property
+    def validators(self) -> dict[str, jsonschema.Draft202012Validator]:
+        """One argument validator per tool (see :func:`argument_validator`)."""
+        return {n: argument_validator(s.record.parameters) for n, s in self.specs.items()}
+
+    def call(self, call: Any) -> tuple[Any, str | None]:
+        """Execute an OpenAI-format tool call: ``(result, None)`` or ``(None, error)``, malformed calls included."""
+        name, args, problem = parse_call(call)
+        return (None, problem) if problem else self.execute(name, args)
+
+    def check_arguments(self, name: str, arguments: Any) -> str | None:
+        """Why a call's arguments are invalid for the tool's schema, or None if they are valid."""
+        return argument_problem(name, arguments, self.validators)
+
+    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
+        """Run one tool call. Returns ``(result, None)`` or ``(None, error message)``; never raises for bad calls."""
+        problem = self.check_arguments(name, arguments)
+        return (None, problem) if problem is not None else self.run_call(name, arguments)
+
+    def fork(self) -> BaseEnvironment:
+        """A fresh environment in this environment's *initial* state."""
+        return self.at(self.initial)
+
+    @cached_property
+    def initial_state_hash(self) -> str:
+        """State hash of the initial state: tasks record it, verifiers compare it to detect environment drift."""
+        fresh = self.fork()
+        try:
+            return fresh.state_hash()
+        finally:
+            fresh.close()
+
+    def tables(self) -> list[str]:
+        return sorted(self.rows())
+
+    def row_counts(self) -> dict[str, int]:
+        return {t: len(r) for t, r in self.rows().items()}
+
+    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
+        """State diff from ``before`` to ``after`` (default: the current state)."""
+        return diff_states(before, self.rows() if after is None else after, self.primary_keys())
+
+    def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
+        """Argument combinations known to fit together; none unless the source knows some."""
+        return []
+
+    def __enter__(self) -> BaseEnvironment:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 def connect_database(data: bytes | None = None) -> sqlite3.Connection:
     """A private in-memory SQLite connection, loaded from a serialized database where given."""
     db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -369,7 +487,7 @@ def connect_database(data: bytes | None = None) -> sqlite3.Connection:
     return db
 
 
-class Environment:
+class Environment(BaseEnvironment):
     """A stateful, executable instance of a domain.
 
     Args:
@@ -395,23 +513,11 @@ class Environment:
         self.db = connect_database(_initial)
         self.impl = domain(self.db)
         self.specs = domain.tools()
-        self._validators = {
-            n: argument_validator(s.record.parameters) for n, s in self.specs.items()
-        }
         self._integer_params = {
             n: {p: ps.get("type") in ("integer", ["integer", "null"]) for p, ps in s.record.parameters["properties"].items()}
             for n, s in self.specs.items()
         }
         self._pks = {t: self._primary_key(t) for t in self.tables()}
-
-    @cached_property
-    def initial_state_hash(self) -> str:
-        """State hash of the initial state: tasks record it, verifiers compare it to detect environment drift."""
-        return self.fork().state_hash()
-
-    def fork(self) -> Environment:
-        """A fresh environment in this environment's *initial* state (cheap: no regeneration)."""
-        return Environment(self.domain_cls, self.seed, _initial=self.initial)
 
     def at(self, snapshot: bytes) -> Environment:
         """A fresh environment whose initial state is ``snapshot`` (of this one); this one is left as it is."""
@@ -429,6 +535,9 @@ class Environment:
     def _primary_key(self, table: str) -> list[str]:
         cols = self.db.execute(f"PRAGMA table_info({table})").fetchall()
         return [c["name"] for c in sorted(cols, key=lambda c: c["pk"]) if c["pk"]]
+
+    def primary_keys(self) -> dict[str, list[str]]:
+        return self._pks
 
     def foreign_keys(self) -> list[tuple[str, str]]:
         """``(column, referenced column)`` pairs of every foreign key: the entity relations of the domain."""
@@ -466,33 +575,15 @@ class Environment:
         return {t: self.db.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in self.tables()}
 
     # execution -----------------------------------------------------------------------------------------
-    def call(self, call: Any) -> tuple[Any, str | None]:
-        """Execute an OpenAI-format tool call: ``(result, None)`` or ``(None, error)``, malformed calls included."""
-        name, args, problem = parse_call(call)
-        return (None, problem) if problem else self.execute(name, args)
-
-    def check_arguments(self, name: str, arguments: Any) -> str | None:
-        """Why a call's arguments are invalid for the tool's schema, or None if they are valid."""
-        return argument_problem(name, arguments, self._validators)
-
-    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
-        """Run one tool call. Returns ``(result, None)`` or ``(None, error message)``; never raises for bad calls.
-
-        A failed call leaves the state unchanged (each call runs in its own transaction).
-        """
-        spec = self.specs.get(name)
-        if spec is None:
-            return None, f"Unknown tool '{name}'. Available tools: {', '.join(sorted(self.specs))}."
-        problem = self.check_arguments(name, arguments)
-        if problem is not None:
-            return None, problem
+    def run_call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
+        """Run one valid call in its own transaction: a failed call leaves the state unchanged."""
         # JSON Schema counts 5.0 as an integer; the tool (and the stored state) must see 5.
         arguments = {
             k: int(v) if isinstance(v, float) and self._integer_params[name].get(k) else v for k, v in arguments.items()
         }
         self.db.execute("SAVEPOINT call")
         try:
-            result = self.impl.invoke(spec.method, arguments)
+            result = self.impl.invoke(self.specs[name].method, arguments)
         except ToolError as exc:
             self.db.execute("ROLLBACK TO call")
             self.db.execute("RELEASE call")
@@ -515,10 +606,6 @@ class Environment:
         """
         sql = self.domain_cls.arg_sources.get(tool)
         return [dict(r) for r in self.db.execute(sql)] if sql else []
-
-    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
-        """State diff from ``before`` to ``after`` (default: the current state)."""
-        return diff_states(before, self.rows() if after is None else after, self._pks)
 
     def candidates(self, param: str, tool: str | None = None) -> list[Any]:
         """Values a parameter can take in the current state, from the domain's ``arg_sources``.

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.base import ToolSpec, argument_validator
-from envs.plugin import PluginError, PluginLimits, PluginLocation, PluginSource, locate
+from envs.plugin import WORKER_LOOP, PluginError, PluginLimits, PluginLocation, PluginSource, locate
 from sandbox import INPUT, ONE_SHOT, FileCaps, SandboxUnavailable, Spec, hash_tree, python_executable
 
 _WORKER = Path(__file__).with_name("objects_worker.py")
@@ -124,7 +124,7 @@ class ObjectSource(PluginSource):
         return Spec(argv=(f"{INPUT}/objects_worker.py", f"{INPUT}/objects.json", f"synthloop-objects={self.ref}"),
                     mode="python", policy=ONE_SHOT, limits=self.limits.kernel(),
                     read_only=(*_mapped_libraries(), *self.read_only),
-                    files=(("objects_worker.py", _WORKER.read_bytes()),
+                    files=(("objects_worker.py", _WORKER.read_bytes()), ("worker_loop.py", WORKER_LOOP.read_bytes()),
                            ("objects.json", json.dumps(self.config).encode())))
 
     @functools.cached_property

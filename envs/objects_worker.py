@@ -24,32 +24,20 @@ import datetime
 import decimal
 import enum
 import hashlib
-import importlib
 import inspect
 import json
 import os
 import pickle
 import re
+import runpy
 import sys
-import traceback
 import typing
 
 SCALARS = (type(None), bool, int, float, str)
 
-
-def where(exc):
-    """``ValueError: boom (pkg/mod.py:42 in fn)``: the exception and its innermost frame."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    message = text[-1] if text else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        last = frames[-1]
-        message += f" ({'/'.join(last.filename.split('/')[-2:])}:{last.lineno} in {last.name})"
-    return message[:2000]
-
-
-class Failure(Exception):
-    """A request that cannot be answered; its message goes back to the caller as the answer's error."""
+# argv[0], not __file__: the sandbox launcher sets none, and under -I the worker's folder is not on sys.path
+_loop = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "worker_loop.py"))
+Failure, Handles, resolve, where = _loop["Failure"], _loop["Handles"], _loop["resolve"], _loop["where"]
 
 
 # --- values as JSON --------------------------------------------------------------------------------------------------
@@ -375,20 +363,6 @@ def state_values(instances, param):
     return list(found.values())[:200]
 
 
-def resolve(ref):
-    module, _, qualname = ref.partition(":")
-    try:
-        owner = importlib.import_module(module)
-    except BaseException as exc:  # noqa: BLE001 - SystemExit in an import is its failure too
-        raise Failure(f"cannot import {module}: {where(exc)}") from None
-    target = owner
-    for part in qualname.split("."):
-        target = getattr(target, part, None)
-        if target is None:
-            raise Failure(f"module {module} has no attribute {qualname!r}")
-    return target
-
-
 class Env:
     """One environment: its live instances and its initial snapshot."""
 
@@ -400,11 +374,11 @@ class Env:
         return pickle.dumps(self.instances)
 
 
-class Host:
+class Host(Handles):
     def __init__(self, config):
+        super().__init__()
         self.config = config
         self.kind = config["kind"]
-        self.envs, self.counter = {}, 0
         self.observed = {}  # tool -> [calls that succeeded, calls that changed the state]
         self.docs = config.get("docs") or {}
         if self.kind == "factory":
@@ -545,21 +519,8 @@ class Host:
                     continue
                 t["record"]["mutates"] = digest(flatten(copy)) != state
 
-    def keep(self, env):
-        self.counter += 1
-        self.envs[self.counter] = env
-        return self.counter
-
-    def env(self, request):
-        handle = request.get("h")
-        if handle not in self.envs:
-            raise Failure(f"no environment with handle {handle!r} (closed, or never opened)")
-        return self.envs[handle]
-
     def open(self, request):
-        seed = request.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise Failure(f"seed must be an integer, not {seed!r}")
+        seed = self.seed(request)
         if self.tools is None:
             self.describe(request)
         return self.keep(Env(self.make(seed)))
@@ -674,38 +635,11 @@ OPS = ("describe", "open", "fork", "at", "close", "execute", "rows", "state_hash
 
 
 def serve(config):
-    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the user's print() and any stray output go to stderr, not into the answers
-    sys.stdout = sys.stderr
+    def host():
+        sys.path[:0] = config["paths"]
+        return Host(config)
 
-    def answer(message):
-        channel.write(json.dumps(message, separators=(",", ":"), default=str) + "\n")
-        channel.flush()
-
-    sys.path[:0] = config["paths"]
-    host, broken = None, None
-    try:
-        host = Host(config)
-    except Failure as exc:
-        broken = str(exc)
-    for line in sys.stdin:
-        request_id = None
-        try:
-            request = json.loads(line)
-            request_id = request.get("id")
-            if broken is not None:
-                raise Failure(broken)
-            if request.get("drop"):
-                host.close({"handles": request["drop"]})
-            op = request.get("op")
-            if op not in OPS:
-                raise Failure(f"unknown request {op!r}")
-            value = getattr(host, op)(request)
-            answer({"id": request_id, "ok": True, "value": value})
-        except Failure as exc:
-            answer({"id": request_id, "ok": False, "error": str(exc)})
-        except Exception as exc:  # noqa: BLE001 - a bug of the user's classes in a state call
-            answer({"id": request_id, "ok": False, "error": where(exc)})
+    _loop["serve"](host, OPS, default=str)
 
 
 def probe():

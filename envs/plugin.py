@@ -1,6 +1,6 @@
 """A user's own domain as an environment, run behind the sandbox boundary and never in this process.
 
-A user writes a domain exactly like ``envs/retail.py`` (a :class:`~envs.base.Domain` subclass) in their own
+A user writes a domain exactly like ``envs/domains/retail.py`` (a :class:`~envs.base.Domain` subclass) in their own
 package and names it ``package.module:Class`` (or through an entry point, see ``envs.registry``). Its code
 is untrusted: :class:`PluginSource` runs it in one sandboxed worker process (``envs/plugin_worker.py``,
 bubblewrap + seccomp + rlimits, see ``sandbox``), started on first use and shared by every environment of
@@ -26,8 +26,6 @@ source. The package itself is hashed as untrusted data (``sandbox.files``): capp
 from __future__ import annotations
 
 import base64
-import collections
-import concurrent.futures
 import contextlib
 import functools
 import hashlib
@@ -36,8 +34,6 @@ import importlib.util
 import json
 import os
 import re
-import selectors
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -50,7 +46,7 @@ from typing import Any, NoReturn
 
 import jsonschema
 
-from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
+from envs.base import BaseEnvironment, ToolSpec, argument_validator
 from sandbox import (
     INPUT,
     ONE_SHOT,
@@ -61,13 +57,15 @@ from sandbox import (
     availability,
     hash_tree,
     python_executable,
-    sandboxed,
     size_text,
 )
+from sandbox.lineworker import AnswerTooLarge, LineWorker
 from schemas import Tool
 
 REPO = Path(__file__).resolve().parents[1]
 _WORKER = Path(__file__).with_name("plugin_worker.py")
+WORKER_LOOP = Path(__file__).with_name("worker_loop.py")
+"""The request loop both workers run; each is given a copy beside it."""
 _REF = re.compile(r"(?P<module>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):(?P<qualname>[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)")
 _RESERVED_TOP = ("envs", "schemas")  # the worker provides these itself
 _DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -75,14 +73,6 @@ _DOMAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 class PluginError(RuntimeError):
     """A plugin failed (import, generator, crash, timeout, malformed answer); the message names it and says how."""
-
-
-class _AnswerTooLarge(Exception):
-    """The worker's answer line passed the cap; ``received`` bytes of it had been read when it was stopped."""
-
-    def __init__(self, received: int):
-        super().__init__(received)
-        self.received = received
 
 
 @dataclass(frozen=True)
@@ -248,7 +238,7 @@ def _worker_runtime() -> _Runtime:
     used_sites: dict[str, None] = {}
     for f in found["files"]:
         real = os.path.realpath(f)
-        if real.startswith(stdlib + "/") or real == str(_WORKER):
+        if real.startswith(stdlib + "/") or real in (str(_WORKER), str(WORKER_LOOP)):
             continue
         site = max((s for s in sites if real.startswith(s + "/")), key=len, default=None)
         if site is not None:  # a library: its whole top-level package (data files too), nothing else of the folder
@@ -269,94 +259,6 @@ def _worker_runtime() -> _Runtime:
                 if entry.is_symlink() and os.path.realpath(entry.path) == real:
                     read_only[entry.path] = None
     return _Runtime(tuple(read_only), tuple(used_sites))
-
-
-# --- the worker process --------------------------------------------------------------------------------------------
-
-
-def _exit_reason(rc: int | None) -> str:
-    if rc is None:
-        return "did not exit"
-    signum = rc - 128 if rc > 128 else (-rc if rc < 0 else 0)  # bwrap reports a child killed by signal N as 128+N
-    if signum:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(signum).name}"
-        return f"killed by signal {signum}"
-    return f"exit status {rc}"
-
-
-# bubblewrap's --die-with-parent is PR_SET_PDEATHSIG, which fires when the *thread* that started it ends: a worker
-# started from a short-lived thread (a task runner's) would be killed with it. Every worker is started from this
-# one thread, which lives as long as the process.
-_LAUNCHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="synthloop-plugin-launcher")
-
-
-class _Worker:
-    """One sandboxed worker process and its pipes; requests are serialised by the caller."""
-
-    def __init__(self, spec: Spec):
-        self._stack = contextlib.ExitStack()
-        box = sandboxed(spec, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
-        self.proc = _LAUNCHER.submit(self._stack.enter_context, box).result()
-        self._buffer = bytearray()
-        self._stderr: collections.deque[bytes] = collections.deque(maxlen=64)
-        self._drain = threading.Thread(target=self._read_stderr, name="synthloop-plugin-stderr", daemon=True)
-        self._drain.start()
-
-    def _read_stderr(self) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(self.proc.stderr.fileno(), 4096):
-                self._stderr.append(chunk)
-
-    def stderr_tail(self, limit: int = 600) -> str:
-        text = b"".join(self._stderr)[-limit:].decode("utf-8", "replace").strip()
-        return text
-
-    def send(self, line: bytes) -> None:
-        self.proc.stdin.write(line)
-
-    def receive(self, deadline: float, cap: int) -> bytearray | None:
-        """The next answer line; None at end of output.
-
-        Raises:
-            TimeoutError: past the deadline.
-            _AnswerTooLarge: more than ``cap`` bytes came without the line ending; no more than ``cap`` plus one
-                read are ever held, however much the worker writes.
-        """
-        fd = self.proc.stdout.fileno()
-        with selectors.DefaultSelector() as sel:
-            sel.register(fd, selectors.EVENT_READ)
-            # only the newly read bytes are searched: a long answer costs its length, not its length squared
-            end = self._buffer.find(b"\n")
-            while end < 0:
-                if len(self._buffer) > cap:
-                    raise _AnswerTooLarge(len(self._buffer))
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
-                if not sel.select(remaining):
-                    continue
-                chunk = os.read(fd, min(1 << 20, cap + 1 - len(self._buffer)))
-                if not chunk:
-                    return None
-                found = chunk.find(b"\n")
-                if found >= 0:
-                    end = len(self._buffer) + found
-                self._buffer += chunk
-        if end > cap:
-            raise _AnswerTooLarge(end)
-        line = self._buffer[:end]
-        del self._buffer[: end + 1]
-        return line
-
-    def exit_reason(self) -> str:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=2)
-        return _exit_reason(self.proc.poll())
-
-    def close(self) -> None:
-        self._stack.close()  # kills the sandbox's process group and reaps it
-        self._drain.join(timeout=2)
 
 
 @dataclass(frozen=True)
@@ -463,7 +365,7 @@ class PluginSource:
         self.extra_paths = tuple(os.path.realpath(p) for p in extra_paths)
         self.reserved_names = frozenset(reserved_names)
         self._lock = threading.RLock()
-        self._worker: _Worker | None = None
+        self._worker: LineWorker | None = None
         self._description: _Description | None = None
         self._failure: str | None = None
         self._dropped: list[int] = []
@@ -473,7 +375,7 @@ class PluginSource:
         self.generation = 0
         self._lost: str | None = None
         self._owner = os.getpid()
-        self._cell: list[_Worker | None] = [None]  # the finaliser's view of the worker (it must not hold self)
+        self._cell: list[LineWorker | None] = [None]  # the finaliser's view of the worker (it must not hold self)
         weakref.finalize(self, PluginSource._shutdown, self._cell)
 
     def __repr__(self) -> str:
@@ -507,13 +409,14 @@ class PluginSource:
                   "qualname": self.location.qualname}
         return Spec(argv=(f"{INPUT}/plugin_worker.py", f"{INPUT}/plugin.json", f"synthloop-plugin={self.ref}"),
                     mode="python", policy=ONE_SHOT, limits=self.limits.kernel(), read_only=read_only,
-                    files=(("plugin_worker.py", _WORKER.read_bytes()), ("plugin.json", json.dumps(config).encode())))
+                    files=(("plugin_worker.py", _WORKER.read_bytes()), ("worker_loop.py", WORKER_LOOP.read_bytes()),
+                           ("plugin.json", json.dumps(config).encode())))
 
     def _start(self) -> None:
         found = availability()
         if not found.ok:
             raise SandboxUnavailable(f"plugin {self.ref} runs only behind the sandbox: {found.reason}")
-        self._worker = _Worker(self._spec())
+        self._worker = LineWorker(self._spec())
         self.generation += 1
         self._dropped, self._lost = [], None
         self._owner = os.getpid()
@@ -615,7 +518,7 @@ class PluginSource:
             answer = worker.receive(time.monotonic() + timeout, self.limits.max_answer_bytes)
         except TimeoutError:
             self._die(f"did not answer {op} within {timeout:g} s (worker killed)")
-        except _AnswerTooLarge as exc:
+        except AnswerTooLarge as exc:
             cap = self.limits.max_answer_bytes
             self._replace(f"answer to {op} exceeds {cap} bytes: it answered {exc.received:,}+ bytes, over the cap "
                           f"of {size_text(cap)} (PluginLimits.max_answer_bytes); worker killed, the next request "
@@ -663,7 +566,7 @@ def _typed(value: Any, kind: type | tuple[type, ...], ref: str, op: str) -> Any:
 
 
 @dataclass(eq=False)
-class PluginEnvironment:
+class PluginEnvironment(BaseEnvironment):
     """An environment of a plugin's domain: :class:`~envs.base.ToolEnvironment` over its source's worker.
 
     Arguments are validated here with the same schema validator as in-process before a call is sent; the
@@ -682,7 +585,7 @@ class PluginEnvironment:
         self.domain_cls = description.domain
         self.specs = description.specs
         self._keys = description.keys
-        self._validators = description.validators
+        self.validators = description.validators
         self._closed = False
         self.generation = self.source.generation
         self._finalizer = weakref.finalize(self, self.source.release, self.handle, self.generation)
@@ -737,29 +640,19 @@ class PluginEnvironment:
     def row_counts(self) -> dict[str, int]:
         return _typed(self._ask("row_counts"), dict, self.source.ref, "row_counts")
 
-    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
-        return diff_states(before, self.rows() if after is None else after, self._keys)
+    def primary_keys(self) -> dict[str, list[str]]:
+        return self._keys
 
     def foreign_keys(self) -> list[tuple[str, str]]:
         pairs = _typed(self._ask("foreign_keys"), list, self.source.ref, "foreign_keys")
         return [tuple(p) for p in pairs]
 
-    def call(self, call: Any) -> tuple[Any, str | None]:
-        name, args, problem = parse_call(call)
-        return (None, problem) if problem else self.execute(name, args)
-
-    def check_arguments(self, name: str, arguments: Any) -> str | None:
-        return argument_problem(name, arguments, self._validators)
-
-    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
+    def run_call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
         """Run one tool call in the worker: ``(result, None)`` or ``(None, error)`` as in-process.
 
         Raises:
             PluginError: the plugin's worker failed (crash, timeout); a tool's own error is a returned message.
         """
-        problem = self.check_arguments(name, arguments)
-        if problem is not None:
-            return None, problem
         try:
             json.dumps(arguments, allow_nan=False)
         except (TypeError, ValueError) as exc:

@@ -24,8 +24,8 @@ import base64
 import importlib
 import json
 import os
+import runpy
 import sys
-import traceback
 import types
 
 _FACADES = (("envs", "envs.base"), ("schemas", "schemas.records"))
@@ -52,16 +52,9 @@ def bootstrap(repo: str, paths: list) -> None:
         package.__getattr__ = attribute
         sys.modules[name] = package
 
-
-def where(exc: BaseException) -> str:
-    """``ValueError: boom (bookshop/domain.py:42 in populate)``: the exception and its innermost frame."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    message = text[-1] if text else type(exc).__name__
-    frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        last = frames[-1]
-        message += f" ({'/'.join(last.filename.split('/')[-2:])}:{last.lineno} in {last.name})"
-    return message[:2000]
+# argv[0], not __file__: the sandbox launcher sets none, and under -I the worker's folder is not on sys.path
+_loop = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "worker_loop.py"))
+Failure, Handles, resolve, where = _loop["Failure"], _loop["Handles"], _loop["resolve"], _loop["where"]
 
 
 def plain(value):
@@ -96,30 +89,21 @@ def schema_facts(schema_sql: str) -> dict:
     return {"tables": tables, "keys": keys, "foreign_keys": sorted(pairs)}
 
 
-class Host:
+class Host(Handles):
     """The user's domain class and its live environments, by handle."""
 
     def __init__(self, module: str, qualname: str):
+        super().__init__()
         from envs.base import Domain, Environment
 
         self.environment = Environment
-        try:
-            owner = importlib.import_module(module)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit in a plugin's import is its failure too
-            raise Failure(f"cannot import {module}: {where(exc)}") from None
-        target = owner
-        for part in qualname.split("."):
-            target = getattr(target, part, None)
-            if target is None:
-                raise Failure(f"module {module} has no attribute {qualname!r}")
+        target = resolve(f"{module}:{qualname}")
         if not (isinstance(target, type) and issubclass(target, Domain)):
             raise Failure(f"{module}:{qualname} is not a subclass of envs.base.Domain")
         for attr in ("name", "description", "schema_sql"):
             if not isinstance(getattr(target, attr, None), str):
                 raise Failure(f"{module}:{qualname} does not set {attr} (a string), as every Domain must")
         self.cls = target
-        self.envs = {}
-        self.counter = 0
 
     def describe(self, _request):
         try:
@@ -135,21 +119,8 @@ class Host:
         return {"name": self.cls.name, "description": self.cls.description, "tools": tools,
                 "arg_sources": sorted(str(k) for k in self.cls.arg_sources), **facts}
 
-    def keep(self, env) -> int:
-        self.counter += 1
-        self.envs[self.counter] = env
-        return self.counter
-
-    def env(self, request):
-        handle = request.get("h")
-        if handle not in self.envs:
-            raise Failure(f"no environment with handle {handle!r} (closed, or never opened)")
-        return self.envs[handle]
-
     def open(self, request):
-        seed = request.get("seed")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise Failure(f"seed must be an integer, not {seed!r}")
+        seed = self.seed(request)
         try:
             env = self.environment(self.cls, seed)
         except Exception as exc:  # noqa: BLE001 - the generator's own bug
@@ -203,48 +174,17 @@ class Host:
         self.env(request).restore(base64.b64decode(request["data"]))
 
 
-class Failure(Exception):
-    """A request that cannot be answered; its message goes back to the caller as the answer's error."""
-
-
 OPS = ("describe", "open", "fork", "at", "close", "execute", "rows", "state_hash", "initial_state_hash",
        "row_counts", "tables", "foreign_keys", "candidates", "candidate_rows", "snapshot", "restore")
 
 
 def serve(config: dict) -> None:
-    channel = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # the plugin's print() and any stray output go to stderr, not into the answers
-    sys.stdout = sys.stderr
+    def host():
+        bootstrap(config["repo"], config["paths"])
+        sys.path.append(config["plugin_path"])
+        return Host(config["module"], config["qualname"])
 
-    def answer(message):
-        channel.write(json.dumps(message, separators=(",", ":")) + "\n")
-        channel.flush()
-
-    bootstrap(config["repo"], config["paths"])
-    sys.path.append(config["plugin_path"])
-    host, broken = None, None
-    try:
-        host = Host(config["module"], config["qualname"])
-    except Failure as exc:
-        broken = str(exc)
-    for line in sys.stdin:
-        request_id = None
-        try:
-            request = json.loads(line)
-            request_id = request.get("id")
-            if broken is not None:
-                raise Failure(broken)
-            if request.get("drop"):
-                host.close({"handles": request["drop"]})
-            op = request.get("op")
-            if op not in OPS:
-                raise Failure(f"unknown request {op!r}")
-            value = getattr(host, op)(request)
-            answer({"id": request_id, "ok": True, "value": value})
-        except Failure as exc:
-            answer({"id": request_id, "ok": False, "error": str(exc)})
-        except Exception as exc:  # noqa: BLE001 - a plugin's bug in a state call (rows, candidates SQL, ...)
-            answer({"id": request_id, "ok": False, "error": where(exc)})
+    _loop["serve"](host, OPS)
 
 
 def probe(repo: str, paths: list) -> None:

@@ -10,12 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from envs.banking import Banking
 from envs.base import Domain, Environment, ToolSpec
-from envs.calendar import Calendar
-from envs.files import Files
+from envs.domains.banking import Banking
+from envs.domains.calendar import Calendar
+from envs.domains.files import Files
+from envs.domains.retail import Retail
 from envs.plugin import PluginError, PluginLimits, PluginSource, locate
-from envs.retail import Retail
 
 DOMAINS: dict[str, type[Domain]] = {d.name: d for d in (Retail, Calendar, Banking, Files)}
 

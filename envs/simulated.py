@@ -20,7 +20,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from envs.base import ToolSpec, argument_problem, argument_validator, diff_states, parse_call
+from envs.base import BaseEnvironment, ToolSpec
 from schemas import Tool
 
 Play = Callable[[Tool, dict[str, Any], list[tuple[str, dict[str, Any], Any]]], tuple[Any, str | None]]
@@ -31,7 +31,7 @@ def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-class SimulatedEnvironment:
+class SimulatedEnvironment(BaseEnvironment):
     """A catalog of tool schemas as an environment whose tools a model plays (``envs.ToolEnvironment``).
 
     Args:
@@ -51,12 +51,8 @@ class SimulatedEnvironment:
         self.log = list(_log or [])
         self.initial = self.snapshot()
         self._memo = {} if _memo is None else _memo  # (tool, arguments, state) -> outcome, shared by forks
-        self._validators = {t.name: argument_validator(t.parameters) for t in tools}
 
     # the environment's life ------------------------------------------------------------------------------
-    def fork(self) -> SimulatedEnvironment:
-        return self.at(self.initial)
-
     def at(self, snapshot: bytes) -> SimulatedEnvironment:
         log = [(n, a, r) for n, a, r in json.loads(snapshot)]
         return SimulatedEnvironment(self.domain_cls.name, list(self.tools.values()), self.play, self.seed, _log=log,
@@ -72,9 +68,6 @@ class SimulatedEnvironment:
         self.log = [(n, a, r) for n, a, r in json.loads(data)]
 
     # state -----------------------------------------------------------------------------------------------
-    def tables(self) -> list[str]:
-        return ["calls"]
-
     def rows(self) -> dict[str, dict[str, dict[str, Any]]]:
         return {"calls": {f"{i:04d}": {"call": f"{i:04d}", "tool": n, "arguments": _canonical(a),
                                        "result": _canonical(r)} for i, (n, a, r) in enumerate(self.log, 1)}}
@@ -82,31 +75,14 @@ class SimulatedEnvironment:
     def state_hash(self) -> str:
         return hashlib.sha256(_canonical(self.rows()).encode()).hexdigest()[:16]
 
-    @property
-    def initial_state_hash(self) -> str:
-        return self.fork().state_hash()
-
-    def row_counts(self) -> dict[str, int]:
-        return {"calls": len(self.log)}
-
-    def diff(self, before: dict[str, dict[str, dict]], after: dict[str, dict[str, dict]] | None = None) -> dict:
-        return diff_states(before, self.rows() if after is None else after, {"calls": ["call"]})
+    def primary_keys(self) -> dict[str, list[str]]:
+        return {"calls": ["call"]}
 
     def foreign_keys(self) -> list[tuple[str, str]]:
         return []
 
     # execution -------------------------------------------------------------------------------------------
-    def call(self, call: Any) -> tuple[Any, str | None]:
-        name, args, problem = parse_call(call)
-        return (None, problem) if problem else self.execute(name, args)
-
-    def check_arguments(self, name: str, arguments: Any) -> str | None:
-        return argument_problem(name, arguments, self._validators)
-
-    def execute(self, name: str, arguments: Any) -> tuple[Any, str | None]:
-        problem = self.check_arguments(name, arguments)
-        if problem is not None:
-            return None, problem
+    def run_call(self, name: str, arguments: dict[str, Any]) -> tuple[Any, str | None]:
         key = f"{name}\0{_canonical(arguments)}\0{self.state_hash()}"
         if key not in self._memo:
             self._memo[key] = self.play(self.tools[name], arguments, list(self.log))
@@ -123,6 +99,3 @@ class SimulatedEnvironment:
                 if isinstance(source, dict) and param in source and not isinstance(source[param], (dict, list)):
                     seen.append(source[param])
         return list(dict.fromkeys(seen))
-
-    def candidate_rows(self, tool: str) -> list[dict[str, Any]]:
-        return []

@@ -31,7 +31,7 @@ STAGE = "train"
 ROOT = Path(__file__).resolve().parent.parent
 # what rolls a policy out and judges it: a change here makes earlier evaluations stale
 EVAL_CODE = ("training/evaluate.py", "training/policy.py", "verifiers/checks.py", "sandbox/oneshot.py",
-             "generators/agents.py", *(f"envs/{p.name}" for p in (ROOT / "envs").glob("*.py")))
+             "generators/agents.py", *(p.relative_to(ROOT).as_posix() for p in (ROOT / "envs").rglob("*.py")))
 EVAL_BATCH = {"base": 0, "sft": 1, "grpo": 2}
 log = logging.getLogger(__name__)
 

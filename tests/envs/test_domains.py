@@ -133,6 +133,8 @@ def test_tool_rows_validate(domain: type[Domain]) -> None:
         TABLES["tools"].validate(row)
         json.dumps(row)  # serialisable as is
         assert row["mutates"] is spec.mutates
+        # the name the corpus's tools rows have always carried, wherever the domain's module now sits
+        assert row["implementation"] == f"envs.{domain.name}:{domain.__name__}.{spec.method}"
 
 
 @domain_params()

@@ -145,7 +145,7 @@ def test_locating_a_plugin_runs_none_of_its_code(tmp_path):
     ("bookshop.domain", "unknown environment"),
     ("nowhere_pkg.mod:Shop", "package 'nowhere_pkg' not found on the search path"),
     ("bookshop.missing:Shop", "module bookshop.missing is not in it"),
-    ("envs.retail:Retail", "this repository's own"),
+    ("envs.domains.retail:Retail", "this repository's own"),
     ("bookshop.domain:Book shop", "not of the form package.module:Class"),
 ])
 def test_unknown_or_malformed_refs_say_what_is_wrong(ref, message):
