@@ -610,73 +610,89 @@ def command_of(argv: list[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
-def build_parser(command: str | None = None) -> _Parser:
-    """The ``synthloop`` parser; the config options of ``command`` (the one being run) are generated from its
-    model, so only that command imports its model."""
-    parser = _Parser(prog="synthloop", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    parser.commands = sub.choices
+# --- the command line: one small builder per command, in the order `synthloop --help` lists them -----------------
 
-    def config_options(p: _Parser, name: str) -> None:
-        if name == command:
-            add_model_options(p, config_model(name), stage_of(name).shortcuts)
-        else:  # not run: its options are never parsed
-            p.add_argument("--config")
+MCP_OPTION_HELP = (
+    ("--mcp-state", "DIR", "folder copied as the server's initial working copy ({workdir})"),
+    ("--mcp-env", "NAME=VALUE", "an environment variable of the server, {workdir} standing for its "
+     "working copy (MEMORY_FILE_PATH={workdir}/memory.jsonl); repeatable"),
+    ("--mcp-value", "PARAM=VALUE", "a candidate value for a tool parameter no state supplies, by name or "
+     "tool.param (query='SELECT count(*) FROM orders'; a JSON array or object is parsed); repeatable"),
+    ("--mcp-program", "PROGRAM", "a program the server runs per call (git); it may then start processes, "
+     "bounded by a pids cgroup; repeatable"),
+    ("--mcp-http", "URL", "the server speaks Streamable HTTP on this URL inside its sandbox "
+     "(http://127.0.0.1:3001/mcp) instead of stdio"))
+"""The options that follow an ``--mcp`` server (``MCP_OPTIONS``), with their help for ``synthesize``."""
 
-    def endpoint_args(p: argparse.ArgumentParser, roles: str) -> None:
-        p.add_argument("--base-url", dest="base_url", help=f"an OpenAI-compatible endpoint for {roles}, e.g. "
-                       "http://127.0.0.1:8000/v1 (default: the embedded local model)")
-        p.add_argument("--model", help="model name at --base-url")
-        p.add_argument("--structured-output", dest="structured_output", choices=STRUCTURED_OUTPUT,
-                       help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
-                            "json_object_schema; none: native tool calls)")
 
-    def source_args(p: _Parser) -> None:
-        """One flag per source kind (``generators.sources.SOURCE_KINDS``); imported only for the command run."""
-        from generators.sources import SOURCE_KINDS
+def _config_options(p: _Parser, name: str, command: str | None) -> None:
+    """A stage's config options, generated from its model, only where ``name`` is the command being run (so only
+    that command imports its model); the others are never parsed and take ``--config`` alone."""
+    if name == command:
+        add_model_options(p, config_model(name), stage_of(name).shortcuts)
+    else:
+        p.add_argument("--config")
 
-        searched = []
-        for kind in sorted(SOURCE_KINDS):
-            flag = SOURCE_KINDS[kind].flag
-            if flag.ordered:
-                p.add_argument(flag.option, action=_MCPOption, metavar=flag.metavar, help=flag.help)
-                mcp_args(p)
-            else:
-                p.add_argument(flag.option, action="append", dest=flag_dest(flag.option), metavar=flag.metavar,
-                               help=flag.help)
-            searched += [flag.option] if flag.search_path else []
-        if searched:
-            p.add_argument("--env-path", dest="env_path", metavar="DIR",
-                           help=f"folder to find {'/'.join(searched)} packages in before the Python path, e.g. "
-                                "examples/bookshop")
 
-    def synthesize_args(p: _Parser, name: str) -> None:
-        config_options(p, name)
-        if name == command:  # not run: its options are never parsed
-            source_args(p)
-        endpoint_args(p, "every LLM role")
-        p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
+def _endpoint_args(p: _Parser, roles: str) -> None:
+    p.add_argument("--base-url", dest="base_url", help=f"an OpenAI-compatible endpoint for {roles}, e.g. "
+                   "http://127.0.0.1:8000/v1 (default: the embedded local model)")
+    p.add_argument("--model", help="model name at --base-url")
+    p.add_argument("--structured-output", dest="structured_output", choices=STRUCTURED_OUTPUT,
+                   help="how --base-url takes JSON-schema output (vLLM/OpenAI: json_schema; llama.cpp: "
+                        "json_object_schema; none: native tool calls)")
 
-    def mcp_args(p: _Parser) -> None:
-        for option, metavar, text in (
-                ("--mcp-state", "DIR", "folder copied as the server's initial working copy ({workdir})"),
-                ("--mcp-env", "NAME=VALUE", "an environment variable of the server, {workdir} standing for its "
-                 "working copy (MEMORY_FILE_PATH={workdir}/memory.jsonl); repeatable"),
-                ("--mcp-value", "PARAM=VALUE", "a candidate value for a tool parameter no state supplies, by name or "
-                 "tool.param (query='SELECT count(*) FROM orders'; a JSON array or object is parsed); repeatable"),
-                ("--mcp-program", "PROGRAM", "a program the server runs per call (git); it may then start processes, "
-                 "bounded by a pids cgroup; repeatable"),
-                ("--mcp-http", "URL", "the server speaks Streamable HTTP on this URL inside its sandbox "
-                 "(http://127.0.0.1:3001/mcp) instead of stdio")):
-            p.add_argument(option, dest="mcp", action=_MCPOption, metavar=metavar, help=text)
 
-    def run_args(p: argparse.ArgumentParser, corpus: str = DEFAULT_CORPUS, what: str = "") -> None:
-        p.add_argument("--corpus", default=corpus, help=what or None)
-        p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+def _source_args(p: _Parser) -> None:
+    """One flag per source kind (``generators.sources.SOURCE_KINDS``); imported only for the command run."""
+    from generators.sources import SOURCE_KINDS
 
+    searched = []
+    for kind in sorted(SOURCE_KINDS):
+        flag = SOURCE_KINDS[kind].flag
+        if flag.ordered:
+            p.add_argument(flag.option, action=_MCPOption, metavar=flag.metavar, help=flag.help)
+            for option, metavar, text in MCP_OPTION_HELP:
+                p.add_argument(option, dest="mcp", action=_MCPOption, metavar=metavar, help=text)
+        else:
+            p.add_argument(flag.option, action="append", dest=flag_dest(flag.option), metavar=flag.metavar,
+                           help=flag.help)
+        searched += [flag.option] if flag.search_path else []
+    if searched:
+        p.add_argument("--env-path", dest="env_path", metavar="DIR",
+                       help=f"folder to find {'/'.join(searched)} packages in before the Python path, e.g. "
+                            "examples/bookshop")
+
+
+def _synthesize_args(p: _Parser, name: str, command: str | None) -> None:
+    _config_options(p, name, command)
+    if name == command:  # not run: its options are never parsed
+        _source_args(p)
+    _endpoint_args(p, "every LLM role")
+    p.add_argument("--max-concurrency", dest="max_concurrency", type=int, help="requests in flight to --base-url")
+
+
+def _run_args(p: _Parser, corpus: str = DEFAULT_CORPUS, what: str = "") -> None:
+    p.add_argument("--corpus", default=corpus, help=what or None)
+    p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
+
+
+def _stage_command(sub: Any, name: str, command: str | None) -> None:
+    """A stage's command from its spec: its config's options, --base-url where it takes one, the corpus."""
+    spec = STAGES[name]
+    p = sub.add_parser(name, help=spec.help)
+    _config_options(p, name, command)
+    if spec.endpoint_roles:
+        _endpoint_args(p, spec.endpoint_roles)
+    _run_args(p, spec.corpus, f"the {name}'s own corpus (default: {spec.corpus})" if spec.corpus != DEFAULT_CORPUS
+              else "")
+    p.set_defaults(fn=cmd_stage)
+
+
+def _add_synthesize(sub: Any, command: str | None) -> None:
     p = sub.add_parser("synthesize", help="run the synthesize flow (resumes a run with the same config)")
-    synthesize_args(p, "synthesize")
-    run_args(p)
+    _synthesize_args(p, "synthesize", command)
+    _run_args(p)
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 4),
                    help="processes running batches at once (default: the CPU count, at most 4)")
     p.add_argument("--ray", metavar="ADDRESS",
@@ -684,6 +700,8 @@ def build_parser(command: str | None = None) -> _Parser:
                         "started on this machine); needs `pip install -e '.[ray]'`")
     p.set_defaults(fn=cmd_synthesize)
 
+
+def _add_view(sub: Any, command: str | None) -> None:
     p = sub.add_parser("view", help="browse the corpus in a web browser: runs, tasks with filters, each task's "
                                     "conversations and verdicts, plots (docs/viewer.md)")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
@@ -691,6 +709,8 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--port", type=int, default=8765)
     p.set_defaults(fn=cmd_view)
 
+
+def _add_query(sub: Any, command: str | None) -> None:
     p = sub.add_parser("query", help="run SQL over the corpus (views: tasks, trajectories, verdicts, ...)")
     p.add_argument("sql")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
@@ -698,20 +718,8 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--max-rows", dest="max_rows", type=int, default=50)
     p.set_defaults(fn=cmd_query)
 
-    def stage_command(name: str) -> None:
-        """A stage's command from its spec: its config's options, --base-url where it takes one, the corpus."""
-        spec = STAGES[name]
-        p = sub.add_parser(name, help=spec.help)
-        config_options(p, name)
-        if spec.endpoint_roles:
-            endpoint_args(p, spec.endpoint_roles)
-        run_args(p, spec.corpus, f"the {name}'s own corpus (default: {spec.corpus})" if spec.corpus != DEFAULT_CORPUS
-                 else "")
-        p.set_defaults(fn=cmd_stage)
 
-    stage_command("curate")
-    stage_command("train")
-
+def _add_bfcl(sub: Any, command: str | None) -> None:
     p = sub.add_parser("bfcl", help="BFCL accuracy per category of a policy (local) or a model (OpenAI-compatible "
                                     "endpoint) on ../shared/benchmarks/bfcl")
     p.add_argument("--policy", help="a policy folder (trained by synthloop, or any transformers folder); "
@@ -738,8 +746,8 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--json", action="store_true", help="print the whole result (per item too) as JSON")
     p.set_defaults(fn=cmd_bfcl)
 
-    stage_command("loop")
 
+def _add_export(sub: Any, command: str | None) -> None:
     p = sub.add_parser("export", help="export accepted conversations for TRL (messages + tools), or a named split")
     p.add_argument("format", choices=list(EXPORTS),
                    help="verl: one RL row per task (prompt, reward_model, extra_info.tools_kwargs); docs/openenv.md")
@@ -750,6 +758,8 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--query", help="verl: the tasks of a SQL query returning run_id, task_id")
     p.set_defaults(fn=cmd_export)
 
+
+def _add_openenv(sub: Any, command: str | None) -> None:
     p = sub.add_parser("openenv", help="serve stored tasks as an OpenEnv environment (reset/step/state over "
                                        "WebSocket; reward from the task's verifier at the end); docs/openenv.md")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
@@ -765,15 +775,19 @@ def build_parser(command: str | None = None) -> _Parser:
                         "assigns them in order and refuses those arguments")
     p.set_defaults(fn=cmd_openenv)
 
+
+def _add_serve(sub: Any, command: str | None) -> None:
     p = sub.add_parser("serve", help="start a local Prefect server if needed and serve every flow as a deployment")
-    synthesize_args(p, "serve")
+    _synthesize_args(p, "serve", command)
     p.add_argument("--cron", help="optional schedule, e.g. '0 3 * * *'")
-    run_args(p)
+    _run_args(p)
     p.add_argument("--pool", metavar="NAME", help="deploy to this Prefect process work pool (created if missing) "
                    "for `prefect worker start --pool NAME` processes to run, instead of serving from here")
     p.add_argument("--ray", metavar="ADDRESS", help="synthesize deployments run their batches on this Ray cluster")
     p.set_defaults(fn=cmd_serve)
 
+
+def _add_audit(sub: Any, command: str | None) -> None:
     p = sub.add_parser("audit", help="re-verify a sample of accepted tasks from disk and mutation-test their verifiers")
     p.add_argument("--sample", type=int, default=200)
     p.add_argument("--seed", type=int, default=0)
@@ -781,6 +795,8 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
     p.set_defaults(fn=cmd_audit)
 
+
+def _add_catalog(sub: Any, command: str | None) -> None:
     p = sub.add_parser("catalog", help="tool catalogs: `catalog inspect FILE` says what a file imports and skips; "
                                        "`catalog inspect --mcp COMMAND` what an MCP server offers")
     catalog = p.add_subparsers(dest="catalog_command", required=True, parser_class=_Parser)
@@ -790,15 +806,16 @@ def build_parser(command: str | None = None) -> _Parser:
     c.add_argument("--mcp", action=_MCPOption, metavar="COMMAND",
                    help="inspect an MCP server instead, started as `synthesize --mcp` starts it (inside the "
                         "sandbox): its tools, the tool graph, its state's tables")
-    for option, what in (("--mcp-state", "DIR"), ("--mcp-env", "NAME=VALUE"), ("--mcp-value", "PARAM=VALUE"),
-                         ("--mcp-program", "PROGRAM"), ("--mcp-http", "URL")):
-        c.add_argument(option, dest="mcp", action=_MCPOption, metavar=what, help=f"as for synthesize {option}")
+    for option, metavar, _ in MCP_OPTION_HELP:
+        c.add_argument(option, dest="mcp", action=_MCPOption, metavar=metavar, help=f"as for synthesize {option}")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.add_argument("--strict", action="store_true", help="fail (exit 1) if any tool cannot be imported")
     from generators.catalog import format_names  # the registry: every catalog format registered
     c.add_argument("--format", default="auto", choices=format_names())
     c.set_defaults(fn=cmd_catalog)
 
+
+def _add_mcp(sub: Any, command: str | None) -> None:
     p = sub.add_parser("mcp", help="serve stored tasks to any agent as an MCP server (stdio or Streamable HTTP): one "
                                    "episode per session, graded out of the agent's reach (docs/mcp.md)")
     p.add_argument("--corpus", default=DEFAULT_CORPUS)
@@ -817,6 +834,9 @@ def build_parser(command: str | None = None) -> _Parser:
                         "ended play of a task counts either way)")
     p.set_defaults(fn=cmd_mcp)
 
+
+def _add_corpus_care(sub: Any, command: str | None) -> None:
+    """schemas, doctor, compact, repair: what is written and whether it is sound."""
     p = sub.add_parser("schemas", help="write the JSON Schema and Arrow schema of every table")
     p.add_argument("--out", default="data/schemas")
     p.set_defaults(fn=cmd_schemas)
@@ -836,6 +856,26 @@ def build_parser(command: str | None = None) -> _Parser:
     p.add_argument("--root", "--corpus", dest="root", default=DEFAULT_CORPUS, help="the corpus folder")
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server started if none is set")
     p.set_defaults(fn=cmd_repair)
+
+
+def _stage(name: str) -> Any:
+    return lambda sub, command: _stage_command(sub, name, command)
+
+
+COMMANDS = (_add_synthesize, _add_view, _add_query, _stage("curate"), _stage("train"), _add_bfcl, _stage("loop"),
+            _add_export, _add_openenv, _add_serve, _add_audit, _add_catalog, _add_mcp, _add_corpus_care)
+"""Every command's builder, in the order ``synthloop --help`` lists them; a stage's command comes from its spec
+(``flows.registry.STAGES``)."""
+
+
+def build_parser(command: str | None = None) -> _Parser:
+    """The ``synthloop`` parser; the config options of ``command`` (the one being run) are generated from its
+    model, so only that command imports its model."""
+    parser = _Parser(prog="synthloop", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = sub.choices
+    for add in COMMANDS:
+        add(sub, command)
     return parser
 
 
