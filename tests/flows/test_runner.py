@@ -17,6 +17,7 @@ class Steps(Stage):
     """A stage of two slow jobs that say how far they are: the shape of a batch of LLM rollouts."""
 
     name = "steps"
+    writes = ("llm_usage",)
 
     def __init__(self, run_name: str, steps: int = 4, pause: float = 0.6):
         self.run_name, self.steps, self.pause = run_name, steps, pause
