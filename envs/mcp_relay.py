@@ -29,16 +29,27 @@ def error(request, code, text):
         out({"jsonrpc": "2.0", "id": request["id"], "error": {"code": code, "message": text}})
 
 
+def accepts(host, port):
+    """Whether something listens on host:port.
+
+    A connection to an unlistened loopback port in the ephemeral range can succeed by TCP simultaneous open when
+    the kernel happens to pick that same port as the source; such a socket is connected to itself, not a server.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            return sock.getsockname() != sock.getpeername()
+    except OSError:
+        return False
+
+
 def wait_listening(host, port, server, deadline):
     while time.monotonic() < deadline:
         if server.poll() is not None:
             sys.stderr.write(f"mcp-relay: the server exited with status {server.returncode} before listening\n")
             os._exit(server.returncode if server.returncode > 0 else 1)
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
+        if accepts(host, port):
             return
-        except OSError:
-            time.sleep(0.05)
+        time.sleep(0.05)
     sys.stderr.write(f"mcp-relay: nothing listens on {host}:{port} after the start timeout\n")
     os._exit(1)
 

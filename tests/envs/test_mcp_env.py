@@ -680,9 +680,37 @@ def test_a_streamable_http_server_is_reached_through_a_relay_in_its_own_sandbox(
 def test_a_streamable_http_server_that_never_listens_is_an_error_naming_it(servers):
     _need(servers, "everything")
     need_pids_cgroup()
-    source = mcp_source(EVERYTHING, http="http://127.0.0.1:39218/mcp", env={"PORT": "39219"}, start_timeout=5)
-    with pytest.raises(MCPError, match=r"(?s)mcp-server-everything streamableHttp.*nothing listens on 127.0.0.1:39218"):
+    source = mcp_source(EVERYTHING, http="http://127.0.0.1:29218/mcp", env={"PORT": "29219"}, start_timeout=5)
+    with pytest.raises(MCPError, match=r"(?s)mcp-server-everything streamableHttp.*nothing listens on 127.0.0.1:29218"):
         source.open()
+
+
+def test_the_relay_does_not_take_a_socket_connected_to_itself_for_a_listening_server(monkeypatch):
+    # The CI flake this guards: connecting to an unlistened ephemeral loopback port can succeed by simultaneous
+    # open when the kernel picks that port as the source. Build such a socket for real and hand it to the relay.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mcp_relay_under_test", REPO / "envs" / "mcp_relay.py")
+    relay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(relay)
+
+    def connected_to_itself(address, timeout=None):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.connect(address)
+        return sock
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert relay.accepts("127.0.0.1", listener.getsockname()[1])
+    assert not relay.accepts("127.0.0.1", port)
+    monkeypatch.setattr(relay.socket, "create_connection", connected_to_itself)
+    assert not relay.accepts("127.0.0.1", port)
 
 
 def test_an_http_url_off_the_sandbox_loopback_is_refused():
