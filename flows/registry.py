@@ -116,8 +116,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
                          # after the stage's own shortcuts: skipping a stage wins over its settings
                          Shortcut("--no-sft", "sft", const=None),
                          Shortcut("--no-grpo", "grpo", const=None))),
-    # not a Stage of its own yet: its flow runs the other stages' flows and SelectStage's job per round
-    StageSpec("loop", "stages.select:SelectStage", "stages.select:LoopConfig",
+    StageSpec("loop", "stages.loop:LoopStage", "stages.loop:LoopConfig",
               "Closed loop: rounds of synthesize → curate → train → select boundary tasks and failures → variants.",
               help="run the loop flow: rounds of synthesize → curate → train → select → variants",
               errors=("builtins:ValueError", "generators.sources:SourceError"), corpus="data/loop"),

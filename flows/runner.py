@@ -57,6 +57,14 @@ def run_job(stage: Stage, job: Job, context: JobContext) -> dict[str, Any]:
     return execute(stage, job, context)
 
 
+def run_nested(name: str, config: Any, corpus_root: str) -> dict[str, Any]:
+    """A whole run of the stage ``name`` through its flow (a subflow where a flow runs it): the hook a composite
+    stage's jobs get as ``JobContext.stage_runner``."""
+    from flows.registry import STAGES  # the registry names this module's callers' flows
+
+    return STAGES[name].flow_function()(config=config, corpus_root=corpus_root)
+
+
 class ModelServer:
     """The embedded model's server for the length of the jobs, when a job needs it and work is left."""
 
@@ -92,7 +100,7 @@ class Feedback:
         self.artifact = create_progress_artifact(0.0, key=f"{stage.name}-{stage.run_id}".lower(),
                                                  description="Jobs done, counting running jobs by their progress")
         self.bar = Progress(TextColumn(stage.name), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                            TimeElapsedColumn(), disable=not sys.stderr.isatty())
+                            TimeElapsedColumn(), disable=stage.composite or not sys.stderr.isatty())
         self.job = self.bar.add_task("", total=self.total)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -118,7 +126,8 @@ class Feedback:
         if info.get("skipped"):
             self.logger.info("%s: already complete, skipped", info.get("job", info.get("batch")))
         else:
-            shown = {k: v for k, v in info.items() if k in ("tasks", "accepted", "rejected", "duration_s", "rows")}
+            shown = {k: v for k, v in info.items()
+                     if k in ("tasks", "accepted", "rejected", "duration_s", "rows", "stopped")}
             self.logger.info("%s: done %s", info.get("job", info.get("batch")), shown or "")
         self._update()
 
@@ -236,7 +245,7 @@ def _run(stage: Stage, corpus: Corpus, logger: Any, *, workers: int, ray: str | 
     for warning in stage.warnings(pending):
         logger.warning("%s", warning)
     context = JobContext(corpus.location, cache_path=str(llm_cache_path(corpus)),
-                         progress_dir=str(progress_dir(corpus, run_id)))
+                         progress_dir=str(progress_dir(corpus, run_id)), stage_runner=run_nested)
     server = ModelServer(stage.needs_embedded(pending), corpus)
     if server.server is not None:
         logger.info("starting the embedded model's server for %d job(s)", len(pending))

@@ -11,7 +11,7 @@ rows out, the corpus does not depend on where it ran.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -50,6 +50,15 @@ class JobContext:
     base_urls: dict[str, str] = field(default_factory=dict)
     cache_path: str | None = None
     progress_dir: str | None = None
+    stage_runner: Callable[[str, Any, str], dict[str, Any]] | None = None
+    """``(stage name, config, corpus root) → summary``: a whole run of another stage, as the runner does it (its
+    flow, a subflow of this run); how a composite stage (the loop) runs its parts without importing the flows."""
+
+    def run_stage(self, name: str, config: Any) -> dict[str, Any]:
+        """Run stage ``name`` with ``config`` on this corpus to completion (resuming it if it ran before)."""
+        if self.stage_runner is None:
+            raise RuntimeError(f"this job runs outside a runner that can run other stages (asked for {name!r})")
+        return self.stage_runner(name, config, self.corpus_root)
 
     def progress(self, job: Job) -> Progress:
         path = f"{self.progress_dir}/{job.stage}-{job.batch:05d}.json" if self.progress_dir else None
@@ -96,6 +105,8 @@ class Stage(ABC):
     name: ClassVar[str]
     sequential: ClassVar[bool] = False
     """Jobs read earlier jobs' output (train: evaluate the policy SFT wrote), so they run in order, here."""
+    composite: ClassVar[bool] = False
+    """Its jobs run other stages' whole runs (``JobContext.run_stage``: the loop's rounds); those show progress."""
     log_prints: ClassVar[bool] = True
     """Whether the flow run log captures what a job prints."""
     reads: ClassVar[tuple[str, ...]] = ()

@@ -5,48 +5,25 @@ capability boundary; tasks never solved but with partial credit are informative 
 whose failures have a diagnosis. Parents are taken in that order (by mean reward within a class) up to
 ``max_parents``. Every task the round trained on is a row of the replay buffer (``replay_buffer``): ``retired``
 once p̂ reaches ``retire_at`` (GRPO stops drawing it), ``parent`` when it seeds variants, ``active`` otherwise.
-Also the loop's config (``LoopConfig``): the config of each stage it runs. No Prefect here.
+No Prefect here.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import statistics
 from collections import Counter
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
-from generators.config import SynthesizeConfig, VariantSeed
-from generators.strict import RUN_NAME_HELP, RUN_NAME_PATTERN, RunName, StrictModel
+from generators.config import VariantSeed
+from generators.strict import StrictModel
 from generators.variants import seed_from_task
 from schemas import SCHEMA_VERSION, CheckResult, Task, Trajectory, Verdict
 from stages.contract import Job, JobContext, JobResult, Stage
-from stages.curate import CurateConfig
 from storage import Corpus
-from storage.identity import run_identity
-from training.config import EvalSettings, TrainConfig
-from training.grpo import GRPOSettings
-from training.sft import SFTSettings
 from verifiers.diagnose import VARIANT_WEAKNESS, diagnose, dominant_weakness
-
-
-def _small_synthesize() -> SynthesizeConfig:
-    return SynthesizeConfig(run_name="loop", n_tasks=200, batch_size=100, agents={"llm_tasks": 0})
-
-
-def _small_curate() -> CurateConfig:
-    # no model probes by default: the loop's difficulty signal is the policy's own GRPO rollouts (ablation,
-    # dedup and decontamination still run); a GPU user turns them on through this config
-    return CurateConfig(run_name="loop-curate", necessity={"k": 0}, difficulty={"k": 0})
-
-
-def _small_train() -> TrainConfig:
-    return TrainConfig(run_name="loop-train",
-                       sft=SFTSettings(max_steps=8, batch_size=2, max_length=1536),
-                       grpo=GRPOSettings(max_steps=2, group_size=4, tasks_per_step=3, max_turns=3, max_new_tokens=96),
-                       evaluation=EvalSettings(tasks=4, max_turns=4, max_new_tokens=128))
 
 
 class SelectionSettings(StrictModel):
@@ -58,39 +35,11 @@ class SelectionSettings(StrictModel):
     min_attempts: int = Field(2, ge=1, description="Rollouts a task needs before it can be judged.")
 
 
-class LoopConfig(StrictModel):
-    """A closed-loop run: how many rounds, and the config of each stage (defaults sized for a 2-core CPU)."""
-
-    CODE_SCOPE: ClassVar[tuple[str, ...]] = ("stages/select.py", "verifiers/diagnose.py", "generators/variants.py")
-
-    run_name: RunName = Field("loop", description=f"Name of the loop run (its rounds' runs add -r<round>). "
-                                                 f"{RUN_NAME_HELP}")
-    rounds: int = Field(2, ge=1, le=20)
-    synthesize: SynthesizeConfig = Field(default_factory=_small_synthesize,
-                                         description="Round 1's corpus; later rounds reuse it with variants instead.")
-    curate: CurateConfig = Field(default_factory=_small_curate)
-    train: TrainConfig = Field(default_factory=_small_train)
-    selection: SelectionSettings = Field(default_factory=SelectionSettings)
-
-    @model_validator(mode="after")
-    def _round_names(self) -> LoopConfig:
-        # round r's synthesize and train runs are named <name>-r<r>: that name must be a valid run name too
-        for stage in ("synthesize", "train"):
-            name = f"{getattr(self, stage).run_name}-r{self.rounds}"
-            if not re.match(RUN_NAME_PATTERN, name):
-                raise ValueError(f"{stage}.run_name is too long for its rounds' runs ({name!r} would exceed 64 "
-                                 f"characters): shorten it")
-        return self
-
-    def run_id(self) -> str:
-        """The loop's rounds are runs of their own, each with its own code scope; the loop's own code is the
-        selection of parents."""
-        return run_identity(self.run_name, {"config": self.model_dump(mode="json")}, self.CODE_SCOPE)
-
-
 def rollout_stats(corpus: Corpus, train_run_id: str) -> dict[tuple[str, str], dict[str, list]]:
     """Per task, every GRPO reward and verdict of the train run (its steps' ``per_task`` JSON)."""
     stats: dict[tuple[str, str], dict[str, list]] = {}
+    if "grpo_steps" not in corpus.tables():  # a train run without GRPO (``grpo: null``) left no rollouts
+        return stats
     rows = corpus.connect().execute("SELECT per_task FROM grpo_steps WHERE train_run_id = ? ORDER BY step",
                                     [train_run_id]).fetchall()
     for (per_task,) in rows:
@@ -127,6 +76,8 @@ def select(corpus: Corpus, loop_run_id: str, round_: int, train_run_id: str,
            settings: SelectionSettings) -> tuple[list[dict[str, Any]], list[VariantSeed], dict[str, float]]:
     """Replay-buffer rows of the round, the next round's seeds and the weakness profile of the parents."""
     stats = rollout_stats(corpus, train_run_id)
+    if not stats:
+        return [], [], {}
     failures = failed_rollouts(corpus, train_run_id)
     tasks = {(r["run_id"], r["task_id"]): Task.from_row(r) for r in corpus.read("tasks")
              if (r["run_id"], r["task_id"]) in stats}
@@ -163,8 +114,8 @@ def select(corpus: Corpus, loop_run_id: str, round_: int, train_run_id: str,
 
 class SelectStage(Stage):
     """Selection as a stage of a loop run: one job per round, whose rows are the round's replay buffer and whose
-    summary carries the next round's seeds. The loop run owns its manifest (its rounds are runs of their own), so
-    the ``loop`` flow runs this stage's job through the runner's job task, not a whole run of it."""
+    summary carries the next round's seeds. The loop run owns the manifest, so a round (``stages.loop``) does
+    this stage's one job, not a whole run of it."""
 
     name = "select"
     Config = SelectionSettings

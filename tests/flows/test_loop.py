@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def tiny_loop():
-    from stages.select import LoopConfig
+    from stages.loop import LoopConfig
 
     return LoopConfig(
         run_name="tiny",

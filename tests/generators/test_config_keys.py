@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from generators.config import SynthesizeConfig
 from generators.strict import RUN_NAME_PATTERN, StrictModel, describe
 from stages.curate import CurateConfig
-from stages.select import LoopConfig  # with the imports below: every config model of the project is defined
+from stages.loop import LoopConfig  # with the imports below: every config model of the project is defined
 from training.config import TrainConfig
 
 

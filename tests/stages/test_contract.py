@@ -50,7 +50,7 @@ def test_a_scope_entry_that_does_not_exist_is_an_error_naming_it(scoped_root):
 
 def test_every_stage_declares_a_scope_that_exists():
     from stages.curate import CurateConfig
-    from stages.select import LoopConfig
+    from stages.loop import LoopConfig
 
     for config in (SynthesizeConfig, CurateConfig, TrainConfig, LoopConfig):
         assert config.CODE_SCOPE and identity.code_digest(config.CODE_SCOPE)
