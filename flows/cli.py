@@ -19,6 +19,9 @@ from flows.registry import ALIASES, EXPORTS, STAGES, resolve, stage_of
 from flows.server import apply_offline_env, console_without_tracebacks, prefect_api
 
 DEFAULT_CORPUS = "data/corpus"
+BFCL_SETTINGS = "training.bfcl_eval:BfclSettings"
+"""The config ``synthloop bfcl``'s question options are generated from (the train flow's ``bfcl`` is the same
+model); imported when the parser is built, for its defaults and help."""
 STRUCTURED_OUTPUT = ["json_schema", "json_object_schema", "none"]
 
 
@@ -251,7 +254,7 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
         raise UsageError("give one of --policy, --base-url and --embedded")
     if args.base_url and not args.model:
         raise UsageError("--base-url needs --model (the model name the endpoint serves)")
-    categories = args.categories.split(",") if args.categories else None
+    settings = build_config(resolve(BFCL_SETTINGS), args)
     with contextlib.ExitStack() as stack:
         base_url, model = args.base_url, args.model
         if args.embedded:
@@ -261,13 +264,12 @@ def cmd_bfcl(args: argparse.Namespace) -> int:
             base_url, model = server.base_url, MODEL_NAME
         if base_url:
             agent = EndpointAgent(base_url=base_url, model=model, max_concurrency=args.max_concurrency,
-                                  **({"max_tokens": args.max_new_tokens} if args.max_new_tokens else {}))
+                                  **({"max_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}))
         else:
-            agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": args.max_new_tokens}
-                                                         if args.max_new_tokens else {}))
-        kwargs = {"categories": categories} if categories else {}
-        result = bfcl_accuracy(agent, args.root, per_category=args.per_category, seed=args.seed,
-                               log=lambda line: print(line, file=sys.stderr, flush=True), **kwargs)
+            agent = LocalAgent.from_path(args.policy, **({"max_new_tokens": settings.max_new_tokens}
+                                                         if settings.max_new_tokens else {}))
+        result = bfcl_accuracy(agent, args.root, categories=settings.categories, per_category=settings.per_category,
+                               seed=settings.seed, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(result, indent=2, default=str) if args.json else format_table(result))
     return 0
 
@@ -731,15 +733,7 @@ def _add_bfcl(sub: Any, command: str | None) -> None:
                                                            "started for this run) instead of a local policy")
     p.add_argument("--n-ctx", dest="n_ctx", type=int, default=16384,
                    help="context window of the --embedded server (multi-turn entries carry every function doc)")
-    p.add_argument("--per-category", dest="per_category", type=int, default=20,
-                   help="questions (multi-turn: entries) per category, a seeded sample (0 = all)")
-    p.add_argument("--categories", help="comma-separated (default: simple_python,multiple,parallel,"
-                                        "parallel_multiple,irrelevance); BFCL v4 multi-turn: multi_turn_base, "
-                                        "multi_turn_miss_func, multi_turn_miss_param, multi_turn_long_context "
-                                        "(played in BFCL's classes and scored by BFCL's checker, in the sandbox)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the sample")
-    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int,
-                   help="longest reply (default: 256 for a local policy, 512 for an endpoint)")
+    add_model_options(p, resolve(BFCL_SETTINGS))  # --categories, --per-category, --seed, --max-new-tokens
     p.add_argument("--max-concurrency", dest="max_concurrency", type=int, default=4,
                    help="requests in flight to --base-url")
     p.add_argument("--root", help="the BFCL folder (default: ../shared/benchmarks/bfcl)")

@@ -236,7 +236,8 @@ def add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel],
             continue
         type_, choices, many = kind
         default = field.get_default(call_default_factory=True)
-        text = f"{_help(field.description)} (default: {_shown(default)})".lstrip()
+        said = "(default:" in (field.description or "")  # a default that depends on more than the field
+        text = (_help(field.description) if said else f"{_help(field.description)} (default: {_shown(default)})").lstrip()
         if type_ is bool:
             parser.add_argument(flag_name(name), dest=f"field_{name}", action=argparse.BooleanOptionalAction,
                                 default=None, help=text)
@@ -263,6 +264,8 @@ def add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel],
     parser.add_argument("--set", dest="set", action="append", metavar="KEY=VALUE", default=[],
                         help="any field, nested ones as a.b.c; VALUE is JSON (3, true, null, [\"a\"]) or text; "
                              "repeatable, applied last")
+    if not nested:
+        return
     lines = [f"{model.__name__} fields set with --set KEY=VALUE (besides the flags above):"]
     for name, field in nested:
         inner = _strip(field.annotation)

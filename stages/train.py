@@ -118,7 +118,8 @@ def bfcl_policy(config: TrainConfig, run_id: str, stage: str, policy_dir: str | 
     from training.bfcl_eval import LocalAgent, bfcl_accuracy, bfcl_rows
 
     settings = config.bfcl
-    agent = LocalAgent.from_path(policy_dir or base_policy(config), max_new_tokens=settings.max_new_tokens)
+    agent = LocalAgent.from_path(policy_dir or base_policy(config),
+                                 **({"max_new_tokens": settings.max_new_tokens} if settings.max_new_tokens else {}))
     done: list[str] = []
 
     def finished(line: str) -> None:

@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import Field, field_validator
+
+from generators.strict import StrictModel
 from schemas import SCHEMA_VERSION
 from storage.external import MULTI_TURN_CATEGORIES, bfcl_file, default_bfcl_root
 from training.bfcl_replies import Reply, endpoint_tools, read_reply, wilson
@@ -49,6 +52,33 @@ from verifiers.bfcl import match_calls, read_jsonl
 IRRELEVANCE = "irrelevance"
 CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)
 ALL_CATEGORIES = (*CATEGORIES, *MULTI_TURN_CATEGORIES)
+
+
+class BfclSettings(StrictModel):
+    """Which BFCL questions a policy is asked, and how long it may answer: declared once, here, for ``synthloop
+    bfcl`` (its options are generated from this model) and for the train flow's ``bfcl`` (each evaluated policy
+    is asked the same questions, so the stages compare)."""
+
+    categories: list[str] = Field(default_factory=lambda: list(CATEGORIES), min_length=1,
+                                  description=f"BFCL categories asked: the single-turn ones, and BFCL v4 multi-turn: "
+                                              f"{', '.join(MULTI_TURN_CATEGORIES)} (played in BFCL's classes and "
+                                              f"scored by BFCL's checker, in the sandbox).")
+    per_category: int = Field(20, ge=0, le=2000, description="Questions (multi-turn: entries) per category, a seeded "
+                                                             "sample (0 = all).")
+    seed: int = Field(0, description="Seeds the sample: the same seed asks every policy the same questions.")
+    max_new_tokens: int | None = Field(None, ge=16, le=2048, description="Longest reply (default: 256 for a local "
+                                                                         "policy, 512 for an endpoint).")
+
+    @field_validator("categories")
+    @classmethod
+    def _known(cls, categories: list[str]) -> list[str]:
+        unknown = [c for c in categories if c not in ALL_CATEGORIES]
+        if unknown:
+            raise ValueError(f"BFCL categories {unknown} are not among {', '.join(ALL_CATEGORIES)}")
+        return categories
+
+
+DEFAULTS = BfclSettings()
 
 
 @dataclass
@@ -239,8 +269,8 @@ def judge(question: Question, reply: Reply) -> tuple[bool, str]:
 
 # --- the measurement ---------------------------------------------------------------------------------------------
 
-def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequence[str] = CATEGORIES,
-                  per_category: int | None = 20, seed: int = 0,
+def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequence[str] = DEFAULTS.categories,
+                  per_category: int | None = DEFAULTS.per_category, seed: int = DEFAULTS.seed,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """BFCL accuracy of ``agent`` per category.
 

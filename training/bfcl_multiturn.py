@@ -197,8 +197,8 @@ def sample_entries(category: str, per_category: int | None, seed: int, root: Pat
     return entries
 
 
-def multi_turn_accuracy(agent: Any, categories: Sequence[str] = MULTI_TURN_CATEGORIES,
-                        per_category: int | None = 5, seed: int = 0, root: Path | None = None,
+def multi_turn_accuracy(agent: Any, categories: Sequence[str], per_category: int | None, seed: int = 0,
+                        root: Path | None = None,
                         max_steps: int | None = None, log: Callable[[str], None] | None = None,
                         entries: dict[str, list[dict[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
     """Per category: ``items``, ``correct``, ``accuracy``, ``ci95`` (Wilson), ``malformed`` (entries with a step

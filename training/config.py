@@ -10,6 +10,7 @@ from pydantic import Field, model_validator
 
 from generators.strict import RUN_NAME_HELP, RunName, StrictModel
 from storage.identity import run_identity
+from training.bfcl_eval import BfclSettings
 from training.evaluate import MaxDepth
 from training.grpo import GRPOSettings
 from training.sft import SFTSettings
@@ -24,21 +25,6 @@ class EvalSettings(StrictModel):
     max_new_tokens: int = Field(160, ge=16, le=2048)
     max_depth: MaxDepth = Field(2, description="Only held-out tasks this deep or shallower: the CPU "
                                                              "default's 135M policy solves none deeper; null = all.")
-
-
-class BfclSettings(StrictModel):
-    """BFCL-style accuracy of each policy the run evaluates (``../shared/benchmarks/bfcl``), beside its held-out
-    evaluation: the same questions for every policy, so the stages compare."""
-
-    categories: list[str] = Field(default_factory=lambda: ["simple_python", "multiple", "parallel", "irrelevance"],
-                                  description="BFCL categories asked (training.bfcl_eval.ALL_CATEGORIES: the single-"
-                                              "turn ones, and multi_turn_base, multi_turn_miss_func, "
-                                              "multi_turn_miss_param, multi_turn_long_context, played in "
-                                              "BFCL's classes and scored by BFCL's checker in the sandbox).")
-    per_category: int = Field(5, ge=1, le=2000, description="Questions (multi-turn: entries) per category, a seeded "
-                                                            "sample.")
-    seed: int = Field(0, description="Seeds the sample: the same seed asks every policy the same questions.")
-    max_new_tokens: int = Field(256, ge=16, le=2048)
 
 
 class TrainConfig(StrictModel):

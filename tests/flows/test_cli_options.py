@@ -217,3 +217,20 @@ def test_one_place_maps_a_failure_to_its_exit_status(capsys):
         assert err.startswith(line) if line else err == "", (exc, err)
     assert exit_status(ValueError("a bug"), "synthesize") is None, "an unexpected error keeps its traceback"
     assert exit_status(KeyError("a bug"), "train") is None
+
+
+def test_the_bfcl_commands_question_options_are_the_train_flows_bfcl_settings(capsys):
+    """One declaration of the BFCL knobs: ``synthloop bfcl``'s options and the train flow's ``bfcl`` are the same
+    model, with the same defaults and the same refusals."""
+    from flows.options import build_config
+    from training.bfcl_eval import BfclSettings
+    from training.config import TrainConfig
+
+    args = build_parser("bfcl").parse_args(["bfcl", "--per-category", "3", "--categories", "simple_python,irrelevance",
+                                            "--set", "seed=7"])
+    assert build_config(BfclSettings, args) == BfclSettings(categories=["simple_python", "irrelevance"],
+                                                            per_category=3, seed=7)
+    assert build_config(BfclSettings, build_parser("bfcl").parse_args(["bfcl"])) == BfclSettings()
+    assert TrainConfig(bfcl={}).bfcl == BfclSettings()
+    assert main(["bfcl", "--categories", "multi_turn_nope", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]) == 2
+    assert "BFCL categories ['multi_turn_nope'] are not among" in capsys.readouterr().err
