@@ -733,7 +733,8 @@ def _add_bfcl(sub: Any, command: str | None) -> None:
                                                            "started for this run) instead of a local policy")
     p.add_argument("--n-ctx", dest="n_ctx", type=int, default=16384,
                    help="context window of the --embedded server (multi-turn entries carry every function doc)")
-    add_model_options(p, resolve(BFCL_SETTINGS))  # --categories, --per-category, --seed, --max-new-tokens
+    if command == "bfcl":  # --categories, --per-category, --seed, --max-new-tokens (imported only to run it)
+        add_model_options(p, resolve(BFCL_SETTINGS))
     p.add_argument("--max-concurrency", dest="max_concurrency", type=int, default=4,
                    help="requests in flight to --base-url")
     p.add_argument("--root", help="the BFCL folder (default: ../shared/benchmarks/bfcl)")
@@ -898,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
         stop_on_sigterm()
     args = None
     try:
-        parser = build_parser(command if command in CONFIG_COMMANDS else None)
+        parser = build_parser(command)
         args, extra = parser.parse_known_args(argv)
         if extra:
             raise UsageError("\n".join(unknown_options(parser.commands[args.command], extra)))
