@@ -245,7 +245,8 @@ def _run(stage: Stage, corpus: Corpus, logger: Any, *, workers: int, ray: str | 
     for warning in stage.warnings(pending):
         logger.warning("%s", warning)
     context = JobContext(corpus.location, cache_path=str(llm_cache_path(corpus)),
-                         progress_dir=str(progress_dir(corpus, run_id)), stage_runner=run_nested)
+                         progress_dir=str(progress_dir(corpus, run_id)),
+                         stage_runner=run_nested if stage.composite else None)
     server = ModelServer(stage.needs_embedded(pending), corpus)
     if server.server is not None:
         logger.info("starting the embedded model's server for %d job(s)", len(pending))
