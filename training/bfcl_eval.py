@@ -54,6 +54,14 @@ CATEGORIES = (*CALL_CATEGORIES, IRRELEVANCE)
 ALL_CATEGORIES = (*CATEGORIES, *MULTI_TURN_CATEGORIES)
 
 
+def known_categories(categories: Sequence[str]) -> list[str]:
+    """``categories``, or a ``ValueError`` naming those that are not BFCL categories."""
+    unknown = [c for c in categories if c not in ALL_CATEGORIES]
+    if unknown:
+        raise ValueError(f"BFCL categories {unknown} are not among {', '.join(ALL_CATEGORIES)}")
+    return list(categories)
+
+
 class BfclSettings(StrictModel):
     """Which BFCL questions a policy is asked, and how long it may answer: declared once, here, for ``synthloop
     bfcl`` (its options are generated from this model) and for the train flow's ``bfcl`` (each evaluated policy
@@ -72,10 +80,7 @@ class BfclSettings(StrictModel):
     @field_validator("categories")
     @classmethod
     def _known(cls, categories: list[str]) -> list[str]:
-        unknown = [c for c in categories if c not in ALL_CATEGORIES]
-        if unknown:
-            raise ValueError(f"BFCL categories {unknown} are not among {', '.join(ALL_CATEGORIES)}")
-        return categories
+        return known_categories(categories)
 
 
 DEFAULTS = BfclSettings()
@@ -299,9 +304,7 @@ def bfcl_accuracy(agent: Agent, root: str | Path | None = None, categories: Sequ
     """
     root = Path(root) if root is not None else default_bfcl_root()
     per_category = per_category or None  # 0 and None both mean every question
-    unknown = [c for c in categories if c not in ALL_CATEGORIES]
-    if unknown:
-        raise ValueError(f"BFCL categories {unknown} are not among {', '.join(ALL_CATEGORIES)}")
+    known_categories(categories)
     start = time.perf_counter()
     per_category_out: dict[str, dict[str, Any]] = {}
     per_item: list[dict[str, Any]] = []
