@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -258,8 +259,6 @@ class ServerWatch(threading.Thread):
                 continue
             if time.monotonic() - refused_since >= self.dead_after_s:
                 self.dead = True
-                import logging
-
                 # what Prefect would log from here on is its queued events failing, one by one: nothing to act on
                 logging.getLogger("prefect").setLevel(logging.CRITICAL + 1)
                 _say(f"synthloop: {self.message()}")
@@ -303,6 +302,10 @@ def prefect_api(port: int = 4200, *, watch: bool = True) -> Iterator[str]:
     watcher = ServerWatch(api_url) if watch else None
     if watcher is not None:
         watcher.start()
+    # Prefect's log shipper reports a failed batch on stderr itself, in a line with no newline at its end (so
+    # the next line, ours included, is glued to it); the watch is what says the server is gone, and a batch
+    # lost while it lives is not worth a line either: the console keeps every log
+    raise_before, logging.raiseExceptions = logging.raiseExceptions, False
     try:
         yield api_url
     except BaseException as exc:
@@ -323,13 +326,12 @@ def prefect_api(port: int = 4200, *, watch: bool = True) -> Iterator[str]:
                 os.environ.pop("PREFECT_API_URL", None)
         if ui_before is None:
             os.environ.pop("PREFECT_UI_URL", None)
+        logging.raiseExceptions = raise_before
 
 
 def console_without_tracebacks() -> None:
     """Keep tracebacks of failed runs off the console (the run's logs on the server keep them): the CLI says
     in one line what failed and where, and an error it does not know still ends in Python's own traceback."""
-    import logging
-
     from prefect.logging.handlers import PrefectConsoleHandler
 
     def without_traceback(format_record: Callable[[logging.LogRecord], str]) -> Callable[[logging.LogRecord], str]:
@@ -354,8 +356,6 @@ def _flush_run_logs() -> None:
     """Send Prefect's buffered run logs while the server is still up (else they fail at exit, noisily)."""
     if "prefect" not in sys.modules:
         return
-    import logging
-
     from prefect.logging.handlers import APILogHandler
 
     for name in ("prefect.flow_runs", "prefect.task_runs"):

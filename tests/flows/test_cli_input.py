@@ -142,3 +142,47 @@ def test_the_ui_form_schema_of_every_flow_forbids_unknown_keys_and_shows_the_run
         assert objects and all(d.get("additionalProperties") is False for d in objects), flow.name
         config = schema["definitions"][schema["properties"]["config"]["$ref"].rsplit("/", 1)[1]]
         assert config["properties"]["run_name"]["pattern"] == "^[a-z0-9][a-z0-9-]{0,63}$", flow.name
+
+
+def test_a_logging_handler_failing_during_a_run_writes_nothing_that_would_glue_to_our_lines(capsys, monkeypatch):
+    """Prefect's log shipper reports a failed batch on stderr without ending the line; the run's own one-line
+    messages (a server gone, an endpoint down) must start on a line of their own, so nothing is written then."""
+    import http.server
+    import logging
+    import threading
+
+    from flows.server import prefect_api
+
+    class Health(http.server.BaseHTTPRequestHandler):  # a live API as far as the health check goes
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "4")
+            self.end_headers()
+            self.wfile.write(b"true")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{server.server_port}/api")
+
+    class Failing(logging.Handler):
+        def emit(self, record):
+            try:
+                raise ConnectionError("All connection attempts failed")
+            except ConnectionError:
+                self.handleError(record)
+
+    log = logging.getLogger("synthloop-test-failing-handler")
+    log.addHandler(Failing())
+    log.propagate = False
+    try:
+        with prefect_api(watch=False):
+            log.warning("lost")
+        assert capsys.readouterr().err == ""
+        log.warning("after the run")
+        assert "All connection attempts failed" in capsys.readouterr().err, "the setting leaked past the run"
+    finally:
+        server.shutdown()
+        log.handlers.clear()
